@@ -1,0 +1,5 @@
+import sys
+
+from keelrl.cli import main
+
+sys.exit(main())

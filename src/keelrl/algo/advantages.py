@@ -1,0 +1,88 @@
+"""Advantage estimators over groups of completions of the same prompt.
+
+All functions take rewards for a whole batch laid out group by group (`[num_groups * group_size]`, the
+completions of prompt g at positions g*G .. g*G+G-1) and return one advantage per completion, which the
+trainer broadcasts to every trainable token of that completion (outcome rewards, gamma = lambda = 1).
+
+Departures from the papers, stated:
+- GRPO divides by the group's sample standard deviation (Bessel-corrected, as torch.std does; the paper
+  does not specify) plus `std_eps`; a group whose rewards are all equal gets advantage 0.
+- Dr. GRPO (arXiv 2503.20783) drops the std division; its other change, a constant loss normaliser,
+  is `algo.loss_agg = "constant"` in losses.py, chosen separately.
+- RLOO's baseline is the mean of the other G-1 rewards, r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean).
+- REINFORCE++ normalises over the whole batch (mean and population std of the global batch); with
+  `group_baseline` the group mean is subtracted first (the "REINFORCE++-baseline" variant). Its KL term
+  is the separate KL loss, not folded into the reward.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+
+
+def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
+    return rewards.view(-1, group_size)  # [num_groups, G]
+
+
+def no_signal_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """Share of groups whose rewards are all equal (they carry no learning signal under group baselines)."""
+    g = _groups(rewards, group_size)
+    return float((g.max(dim=1).values == g.min(dim=1).values).float().mean())
+
+
+def grpo(rewards: torch.Tensor, group_size: int, std_eps: float = 1e-6) -> torch.Tensor:
+    g = _groups(rewards, group_size)  # [N, G]
+    mean = g.mean(dim=1, keepdim=True)
+    std = g.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
+    return ((g - mean) / (std + std_eps)).flatten()
+
+
+def dr_grpo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    g = _groups(rewards, group_size)
+    return (g - g.mean(dim=1, keepdim=True)).flatten()
+
+
+def rloo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if group_size < 2:
+        raise ValueError("RLOO needs rollout.group_size >= 2 (the baseline is the mean of the other samples)")
+    g = _groups(rewards, group_size)
+    others_mean = (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)
+    return (g - others_mean).flatten()
+
+
+def reinforce_pp(rewards: torch.Tensor, group_size: int, group_baseline: bool, std_eps: float = 1e-6) -> torch.Tensor:
+    x = dr_grpo(rewards, group_size) if group_baseline else rewards.clone()
+    return (x - x.mean()) / (x.std(correction=0) + std_eps)
+
+
+def compute_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    estimator: Estimator,
+    std_eps: float = 1e-6,
+    group_baseline: bool = True,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """rewards [B] (global batch, grouped) -> (advantages [B], metrics). The one place a variant is chosen."""
+    rewards = rewards.double()
+    if estimator == "grpo":
+        adv = grpo(rewards, group_size, std_eps)
+    elif estimator == "dr_grpo":
+        adv = dr_grpo(rewards, group_size)
+    elif estimator == "rloo":
+        adv = rloo(rewards, group_size)
+    elif estimator == "reinforce_pp":
+        adv = reinforce_pp(rewards, group_size, group_baseline, std_eps)
+    else:
+        raise ValueError(f"unknown advantage estimator {estimator!r}")
+    metrics = {
+        "advantage/mean": float(adv.mean()),
+        "advantage/abs_mean": float(adv.abs().mean()),
+        "groups/no_signal_frac": no_signal_fraction(rewards, group_size),
+    }
+    return adv.float(), metrics

@@ -1,0 +1,93 @@
+"""Policy-gradient losses, KL and entropy terms, and loss normalisation.
+
+Per-token functions take `[B, T]` tensors aligned with the completion tokens and return `[B, T]`;
+positions outside the mask may hold anything and are ignored by the weights. The scalar loss is
+`sum(per_token_loss * weights)`, where `token_weights` encodes the normalisation choice with
+*global* counts (the whole mini-batch across micro-batches and ranks). Because every micro-batch is
+weighted by the same global normaliser, summing micro-batch losses gives exactly the full-batch loss:
+micro-batching and data parallelism do not change the update.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "constant"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+def token_weights(
+    mask: torch.Tensor, mode: LossAgg, global_tokens: float, global_seqs: float, max_new_tokens: int
+) -> torch.Tensor:
+    """mask [B, T] (1 = trainable completion token) -> weights [B, T] such that sum(loss * weights) is:
+    token_mean: the mean over all trainable tokens of the global mini-batch (DAPO);
+    seq_mean_token_mean: the mean over sequences of each sequence's token mean (GRPO);
+    constant: the token sum divided by global_seqs * max_new_tokens (Dr. GRPO)."""
+    mask = mask.to(torch.float32)
+    if mode == "token_mean":
+        return mask / max(global_tokens, 1.0)
+    if mode == "seq_mean_token_mean":
+        per_seq = mask.sum(dim=1, keepdim=True).clamp_min(1.0)  # [B, 1]
+        return mask / per_seq / max(global_seqs, 1.0)
+    if mode == "constant":
+        return mask / (max(global_seqs, 1.0) * max_new_tokens)
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO-clip with separate lower/upper ranges (DAPO's clip-higher) and optional dual clip.
+
+    logprobs, old_logprobs [B, T]; advantages [B, T] (or broadcastable). Returns (loss [B, T], stats) where
+    stats hold per-token float indicators `clipped_low` (ratio < 1 - clip_low with A < 0: gradient cut),
+    `clipped_high` (ratio > 1 + clip_high with A > 0), `dual_clipped`, and `ratio`.
+    Dual clip (Ye et al. 2020): for A < 0 the loss is capped at -c * A, so a huge ratio cannot explode it."""
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)  # [B, T]
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(loss, dtype=torch.bool)
+    if dual_clip > 0.0:
+        cap = -advantages * dual_clip
+        dual = (advantages < 0) & (loss > cap)
+        loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)
+    with torch.no_grad():
+        stats = {
+            "ratio": ratio.detach(),
+            "clipped_low": ((ratio < 1.0 - clip_low) & (advantages < 0)).float(),
+            "clipped_high": ((ratio > 1.0 + clip_high) & (advantages > 0)).float(),
+            "dual_clipped": dual.float(),
+        }
+    return loss, stats
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from samples of pi, with log r = ref_logprobs - logprobs
+    (Schulman 2020): k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (unbiased, never negative)."""
+    log_r = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * log_r.square()
+    if estimator == "k3":
+        return torch.exp(log_r) - 1.0 - log_r
+    raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
+def truncated_is_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """min(pi_old / pi_sampler, cap) per token, without gradient: corrects for a sampler whose numerics
+    differ from the trainer's (truncated importance sampling)."""
+    return torch.exp((old_logprobs - sampler_logprobs).clamp(-20.0, 20.0)).clamp_max(cap).detach()
+
+
+def masked_sum(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    return (x * weights).sum()

