@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from keelrl.state import TrainState, capture_rng, restore_rng
 
@@ -223,7 +225,11 @@ def committed(checkpoints_dir: Path) -> list[Path]:
     """Committed checkpoint directories, newest step first (temporary and partial ones excluded)."""
     if not checkpoints_dir.is_dir():
         return []
-    dirs = [p for p in checkpoints_dir.iterdir() if p.is_dir() and not p.is_symlink() and p.name.startswith("step_")]
+    dirs = [
+        p
+        for p in checkpoints_dir.iterdir()
+        if p.is_dir() and not p.is_symlink() and p.name.startswith("step_")
+    ]
     return sorted(dirs, key=lambda p: p.name, reverse=True)
 
 
@@ -255,7 +261,9 @@ def read_state(path: Path) -> dict[str, Any]:
     return json.loads((path / STATE_JSON).read_text())
 
 
-def find_resumable(checkpoints_dir: Path, healthy_only: bool = False) -> tuple[Path | None, list[tuple[Path, str]]]:
+def find_resumable(
+    checkpoints_dir: Path, healthy_only: bool = False
+) -> tuple[Path | None, list[tuple[Path, str]]]:
     """Newest checkpoint that verifies (and is marked healthy, if asked), plus the (path, reason) of each
     newer one that was passed over."""
     skipped: list[tuple[Path, str]] = []
@@ -277,7 +285,9 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
     missing, unexpected = policy.load_state_dict(weights, strict=False)
     tied = {k for k, v in policy.state_dict().items() if k not in weights}
     if unexpected or set(missing) - tied:
-        raise CheckpointError(f"{path} does not fit the policy: missing {sorted(set(missing) - tied)}, unexpected {unexpected}")
+        raise CheckpointError(
+            f"{path} does not fit the policy: missing {sorted(set(missing) - tied)}, unexpected {unexpected}"
+        )
     if hasattr(policy, "tie_weights"):
         policy.tie_weights()
     trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
@@ -355,3 +365,50 @@ class AsyncCheckpointer:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+
+# ------------------------------------------------------------------------------------------ interval
+
+
+def daly_interval(save_cost_s: float, mtbf_s: float) -> float:
+    """Daly's (2006) optimum time between checkpoints, in seconds of work, for save cost C and mean time
+    between failures M: sqrt(2CM) * (1 + sqrt(C/2M)/3 + (C/2M)/9) - C when C < 2M, else M. It refines
+    Young's sqrt(2CM). E.g. M = 24 h, C = 5 min gives about 117 min."""
+    c, m = max(save_cost_s, 1e-9), mtbf_s
+    if c >= 2 * m:
+        return m
+    x = c / (2 * m)
+    return math.sqrt(2 * c * m) * (1 + math.sqrt(x) / 3 + x / 9) - c
+
+
+class CheckpointPolicy:
+    """When to save: every N steps, every M minutes, or (auto) at Daly's interval computed from the measured
+    save cost and the observed mean time between failures (restarts in events.jsonl over the run's wall time)."""
+
+    def __init__(self, every_steps: int, every_minutes: float, auto: bool, assumed_mtbf_s: float) -> None:
+        self.every_steps = every_steps
+        self.every_s = every_minutes * 60.0
+        self.auto = auto
+        self.assumed_mtbf_s = assumed_mtbf_s
+        self.last_save = time.monotonic()
+        self.save_cost_s: float | None = None
+        self.failures = 0
+        self.wall_s = 0.0
+
+    def observe_failures(self, failures: int, wall_s: float) -> None:
+        self.failures, self.wall_s = failures, wall_s
+
+    def record_save(self, cost_s: float) -> None:
+        self.last_save = time.monotonic()
+        self.save_cost_s = cost_s if self.save_cost_s is None else 0.5 * (self.save_cost_s + cost_s)
+
+    def interval_s(self) -> float | None:
+        if self.auto:
+            mtbf = self.wall_s / self.failures if self.failures else self.assumed_mtbf_s
+            return daly_interval(self.save_cost_s if self.save_cost_s is not None else 1.0, mtbf)
+        return self.every_s or None
+
+    def due(self, step: int) -> bool:
+        if not self.auto and self.every_steps and step % self.every_steps == 0:
+            return True
+        interval = self.interval_s()
+        return interval is not None and time.monotonic() - self.last_save >= interval

@@ -11,29 +11,53 @@ from typing import Any
 from keelrl.config import ConfigError, describe_fields, load_config
 
 
-
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean the user asked for something impossible: printed as one paragraph, exit 2."""
     from keelrl.checkpoint import CheckpointError
     from keelrl.models import ModelLoadError
+    from keelrl.monitor.doctor import DoctorError
     from keelrl.tasks import TaskError
     from keelrl.trainer import ResumeError
 
-    return (ConfigError, ModelLoadError, TaskError, ResumeError, CheckpointError)
+    return (ConfigError, ModelLoadError, TaskError, ResumeError, CheckpointError, DoctorError)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set)  # a bad config stops here, before anything starts
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
+    if cfg.supervisor.enabled and not args.no_supervisor:
+        from keelrl.supervisor import supervise
+
+        argv = [sys.executable, "-m", "keelrl", "worker", args.config, "--run-dir", str(run_dir), "--resume", args.resume]
+        for item in args.set:
+            argv += ["--set", item]
+        code = supervise(argv, run_dir, cfg.supervisor)
+        _print_outcome(run_dir)
+        return code
+    return cmd_worker(args)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Train in this process (what the supervisor runs, and `keelrl train --no-supervisor`)."""
     from keelrl.trainer import train
 
-    summary = train(cfg, run_dir, resume=args.resume)
-    final = summary.get("final_eval", {})
-    print(
-        f"done: {summary.get('steps')} steps, final eval accuracy {final.get('accuracy', float('nan')):.3f}, "
-        f"run dir {run_dir}"
-    )
+    cfg = load_config(args.config, args.set)
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
+    train(cfg, run_dir, resume=args.resume)
+    _print_outcome(run_dir)
     return 0
+
+
+def _print_outcome(run_dir: Path) -> None:
+    summary_file = run_dir / "summary.json"
+    status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
+    if status.get("state") == "finished" and summary_file.exists():
+        summary = json.loads(summary_file.read_text())
+        acc = summary.get("final_eval", {}).get("accuracy")
+        shown = f"{acc:.3f}" if isinstance(acc, (int, float)) else "n/a"
+        print(f"done: {summary.get('steps')} steps, final eval accuracy {shown}, run dir {run_dir}")
+    elif status:
+        print(f"run {status.get('state')} at step {status.get('step')}; run dir {run_dir}")
 
 
 def run_config_near(model_path: str) -> dict[str, Any] | None:
@@ -52,14 +76,41 @@ def run_config_near(model_path: str) -> dict[str, Any] | None:
     return None
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from keelrl.config import ModelConfig
-    from keelrl.evaluate import timed_eval
-    from keelrl.models import load_policy
-    from keelrl.rollout import HFSampler, SamplingSettings, resolve_template
-    from keelrl.tasks import get_task
+def _parse_ks(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--k expects comma-separated integers such as 1,4,16, got {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise ConfigError(f"--k expects positive integers such as 1,4,16, got {text!r}")
+    return ks
 
-    run_cfg = run_config_near(args.model) or {}
+
+def _eval_passes(args: argparse.Namespace) -> tuple[bool, int, float]:
+    """(greedy pass?, samples in the sampled pass (0 = none), its temperature) from the eval options."""
+    n = args.samples
+    if n < 1:
+        raise ConfigError(f"--samples must be at least 1, got {n}")
+    temperature = args.temperature if args.temperature is not None else (1.0 if n > 1 else 0.0)
+    if temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0, got {temperature}")
+    if temperature == 0 and n > 1:
+        raise ConfigError(
+            f"--samples {n} at --temperature 0 would repeat the greedy completion {n} times; give --temperature > 0"
+        )
+    sampled = n if temperature > 0 else 0
+    if args.k and not sampled:
+        raise ConfigError("--k needs a sampled pass: give --samples N (and --temperature > 0)")
+    if args.no_greedy and not sampled:
+        raise ConfigError("--no-greedy leaves nothing to evaluate: also give --samples N --temperature T")
+    return not args.no_greedy, sampled, temperature
+
+
+def _task_params(args: argparse.Namespace, run_cfg: dict[str, Any]) -> tuple[dict[str, Any], int, str]:
+    """Task parameters, task seed and template request: the run's (if the model came from a run on the same
+    task), then --task-param / --template on top."""
     task_cfg = run_cfg.get("task", {}) if run_cfg.get("task", {}).get("name") == args.task else {}
     params = dict(task_cfg.get("params", {}))
     for item in args.task_param:
@@ -67,28 +118,273 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise ConfigError(f"--task-param expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         params[key] = json.loads(value) if value.strip()[:1] in "0123456789-[{tf" else value
-    task = get_task(args.task, seed=int(task_cfg.get("seed", 0)), **params)
-    model, tokenizer = load_policy(ModelConfig(path=args.model))
-    template = resolve_template(args.template or task_cfg.get("template", "auto"), tokenizer)
+    return params, int(task_cfg.get("seed", 0)), args.template or task_cfg.get("template", "auto")
+
+
+def _load_for_eval(model_path: str, device: str) -> tuple[Any, Any]:
+    import torch
+
+    from keelrl.config import ModelConfig
+    from keelrl.models import load_policy
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda but torch sees no CUDA device; use --device auto or cpu")
+    model, tokenizer = load_policy(ModelConfig(path=model_path))
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        model.to("cuda")
+    return model, tokenizer
+
+
+class _Progress:
+    """A rich progress bar on stderr (only on a terminal); `advance(k)` is run_eval's on_progress."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        console = Console(stderr=True)
+        self.bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("completions"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal,
+        )  # fmt: skip
+
+    def __enter__(self) -> _Progress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def track(self, label: str, total: int) -> Any:
+        task_id = self.bar.add_task(label, total=total)
+        return lambda k: self.bar.advance(task_id, k)
+
+
+def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any] | None = None) -> Any:
+    """One `keelrl eval` of `model_path` with the eval options in `args` -> EvalReport. `run_cfg` (the
+    config of the run the model came from) supplies task parameters, template and token limit."""
+    from keelrl.evaluate import evaluate
+    from keelrl.rollout import HFSampler, resolve_template
+    from keelrl.tasks import get_task
+
+    if not args.task:
+        raise ConfigError("--task is required (countdown, multiply, code)")
+    greedy, samples, temperature = _eval_passes(args)
+    if args.problems < 1:
+        raise ConfigError(f"--problems must be at least 1, got {args.problems}")
+    run_cfg = run_cfg if run_cfg is not None else (run_config_near(model_path) or {})
+    params, task_seed, template_req = _task_params(args, run_cfg)
+    task = get_task(args.task, seed=task_seed, **params)
+    model, tokenizer = _load_for_eval(model_path, args.device)
+    template = resolve_template(template_req, tokenizer)
     max_new = args.max_new_tokens or run_cfg.get("rollout", {}).get("max_new_tokens", 256)
-    sampler = HFSampler(model, tokenizer)
-    settings = SamplingSettings(max_new, args.temperature, 1.0, 0)
-    records, metrics = timed_eval(
-        sampler=sampler,
-        tokenizer=tokenizer,
-        task=task,
-        template=template,
-        num_problems=args.problems,
-        settings=settings,
-        samples=args.samples,
-        seed=args.seed,
-        batch_size=args.batch_size,
-    )
-    report = {"model": args.model, "task": args.task, "template": template, **metrics}
-    print(json.dumps(report, indent=2))
+    total = args.problems * (int(greedy) + samples)
+    with _Progress() as progress:
+        return evaluate(
+            HFSampler(model, tokenizer),
+            tokenizer,
+            task,
+            template,
+            args.problems,
+            max_new_tokens=max_new,
+            greedy=greedy,
+            samples=samples,
+            ks=_parse_ks(args.k),
+            temperature=temperature,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            meta={
+                "model": model_path,
+                "task": args.task,
+                "task_params": params,
+                "task_seed": task_seed,
+                "template": template,
+            },
+            on_progress=progress.track(f"eval {model_path}", total),
+        )
+
+
+def _console() -> Any:
+    """stdout console for result tables; at least 120 columns when not a terminal (logs, pipes)."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    return console if console.is_terminal else Console(highlight=False, width=max(console.width, 120))
+
+
+def _read_json(path: str, what: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} {path} does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{what} {path} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} does not hold a JSON object")
+    return data
+
+
+def _report_gates(gates: list[Any], results: dict[str, Any], baseline: dict[str, Any] | None) -> int:
+    """Print each gate's outcome; 0 if all pass, 1 if any fails."""
+    from keelrl.evaluate import check_gates
+
+    outcomes = check_gates(gates, results, baseline)
+    for o in outcomes:
+        print(o.describe(), file=sys.stdout if o.passed else sys.stderr)
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+def _perplexity_eval(args: argparse.Namespace) -> dict[str, Any]:
+    from keelrl.evaluate import perplexity, reference_perplexity
+    from keelrl.rollout import resolve_template
+    from keelrl.tasks import get_task
+
+    source = args.perplexity
+    if source == "reference":
+        if not args.task:
+            raise ConfigError("--perplexity reference needs --task (whose reference solutions to score)")
+        run_cfg = run_config_near(args.model) or {}
+        params, task_seed, template_req = _task_params(args, run_cfg)
+        task = get_task(args.task, seed=task_seed, **params)
+        model, tokenizer = _load_for_eval(args.model, args.device)
+        result = reference_perplexity(
+            model, tokenizer, task, resolve_template(template_req, tokenizer), args.problems
+        )
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(
+                f"--perplexity {source}: no such file (give a text file, a .jsonl file, or 'reference')"
+            )
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        if path.suffix == ".jsonl":
+            try:
+                texts = [str(json.loads(ln)["text"]) for ln in lines]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ConfigError(
+                    f'--perplexity {source}: each line must be a JSON object with a "text" field ({err})'
+                ) from None
+        else:
+            texts = lines
+        model, tokenizer = _load_for_eval(args.model, args.device)
+        result = perplexity(model, tokenizer, texts, source=str(path))
+    return {"model": args.model, **result.to_json(seed=args.seed)}
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from keelrl.evaluate import parse_gate, render_summary
+
+    gates = [parse_gate(g) for g in args.gate]  # malformed gates fail before any work
+    baseline = _read_json(args.baseline, "--baseline") if args.baseline else None
+    if baseline is None and any(g.relative for g in gates):
+        raise ConfigError(
+            f"gate {next(g.text for g in gates if g.relative)!r} uses 'base': give --baseline FILE.json"
+        )
+    if args.perplexity:
+        out = summary = _perplexity_eval(args)
+    else:
+        out = eval_model(args, args.model).to_json()
+        summary = {k: v for k, v in out.items() if k != "records"}
     if args.out:
-        out = {**report, "problems_detail": [r.to_json() for r in records]}
-        Path(args.out).write_text(json.dumps(out, indent=2))
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _console().print(*render_summary(summary))
+    return _report_gates(gates, summary, baseline) if gates else 0
+
+
+def _settings_args(
+    args: argparse.Namespace, settings: dict[str, Any]
+) -> tuple[argparse.Namespace, dict[str, Any]]:
+    """Eval options and a run config that reproduce a saved eval result's problems and decoding (to
+    evaluate a model against it)."""
+    new = argparse.Namespace(**vars(args))
+    new.task = settings.get("task", args.task)
+    new.template = None
+    new.problems = settings.get("problems", args.problems)
+    new.no_greedy = not settings.get("greedy", True)
+    samples = int(settings.get("samples") or 0)
+    new.samples = samples or 1
+    new.temperature = settings.get("temperature") if samples else 0.0
+    new.k = ",".join(map(str, settings.get("k", []))) or None
+    new.max_new_tokens = settings.get("max_new_tokens", args.max_new_tokens)
+    new.seed = settings.get("seed", args.seed)
+    task = {
+        "name": new.task,
+        "params": settings.get("task_params", {}),
+        "seed": settings.get("task_seed", 0),
+        "template": settings.get("template", "auto"),
+    }
+    return new, {"task": task}
+
+
+def _is_result_file(path: str) -> bool:
+    """A .json argument of `compare` is an eval result (and must exist); anything else is a model."""
+    if not path.endswith(".json"):
+        return False
+    if not Path(path).is_file():
+        raise ConfigError(
+            f"eval result {path} does not exist; write one with `keelrl eval MODEL --task NAME --out {path}`"
+        )
+    return True
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from keelrl.evaluate import EvalReport, compare_results, parse_gate, render_comparison
+
+    gates = [parse_gate(g) for g in args.gate]
+    files = [_is_result_file(x) for x in (args.a, args.b)]
+    loaded = [
+        EvalReport.from_json(_read_json(x, "result"), x) if f else None
+        for x, f in zip((args.a, args.b), files)
+    ]
+    saved = next((r for r in loaded if r is not None), None)
+    if saved is not None:
+        if not all(files) and args.task and args.task != saved.settings.get("task"):
+            raise ConfigError(
+                f"--task {args.task} differs from the saved result's task {saved.settings.get('task')!r}"
+            )
+        eval_args, run_cfg = _settings_args(args, saved.settings)
+    else:
+        eval_args = args
+        # Both are models: one set of task parameters (from whichever came from a run) for both.
+        run_cfg = run_config_near(args.a) or run_config_near(args.b) or {}
+    reports = [
+        r if r is not None else eval_model(eval_args, x, run_cfg) for r, x in zip(loaded, (args.a, args.b))
+    ]
+    comparison = compare_results(reports[0], reports[1], level=args.level, seed=eval_args.seed)
+    comparison = {"a": args.a, "b": args.b, **comparison}
+    if args.out:
+        Path(args.out).write_text(json.dumps(comparison, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(comparison, indent=2))
+    else:
+        _console().print(*render_comparison(comparison, args.a, args.b))
+    if not gates:
+        return 0
+    return _report_gates(gates, reports[1].summary(), reports[0].summary())
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from keelrl.monitor.doctor import run_doctor
+
+    return run_doctor(args.run_dir, as_json=args.json)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from keelrl.monitor.report import run_report
+
+    path = run_report([args.run_dir, *args.compare], args.out)
+    print(f"report: {path}")
     return 0
 
 
@@ -96,6 +392,46 @@ def cmd_fields(args: argparse.Namespace) -> int:
     for name, default, doc in describe_fields():
         print(f"{name} = {default}\n    {doc}")
     return 0
+
+
+def _add_eval_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by `eval` and `compare` (how a model is evaluated)."""
+    p.add_argument("--task", help="task name (countdown, multiply, code)")
+    p.add_argument("--problems", type=int, default=200, help="number of held-out problems")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=1,
+        help="samples per problem for mean@n, pass@k, maj@k (besides the greedy pass)",
+    )
+    p.add_argument("--k", help="comma-separated k for pass@k and maj@k (default 1,2,4,... up to --samples)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="temperature of the sampled pass (default 1.0 when --samples > 1; 0 = greedy only)",
+    )
+    p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass (accuracy is then mean@n)")
+    p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (same seed, same result)")
+    p.add_argument(
+        "--max-new-tokens", type=int, default=0, help="completion limit (default: the run's, else 256)"
+    )
+    p.add_argument(
+        "--template",
+        choices=["auto", "base", "chat", "compact"],
+        default=None,
+        help="prompt rendering (default: the run's, else auto)",
+    )
+    p.add_argument(
+        "--task-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task parameter, e.g. max_numbers=3",
+    )
+    p.add_argument("--batch-size", type=int, default=128, help="completions generated together")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the model runs")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,21 +443,77 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field, e.g. algo.lr=3e-4")
     t.add_argument("--run-dir", help="run directory (default: runs/<config name>)")
     t.add_argument("--resume", choices=["auto", "never"], default="auto", help="auto: continue from the newest valid checkpoint in the run dir")
+    t.add_argument("--no-supervisor", action="store_true", help="train in this process (no automatic restarts)")
     t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("eval", help="held-out accuracy of a model or checkpoint on a task")
-    e.add_argument("model", help="hub id, HF directory, checkpoint (RUN/checkpoints/latest), RUN/final, .gguf file, or smollm2")
-    e.add_argument("--task", required=True, help="task name (countdown, multiply, code)")
-    e.add_argument("--problems", type=int, default=200, help="number of held-out problems")
-    e.add_argument("--samples", type=int, default=1, help="samples per problem")
-    e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--max-new-tokens", type=int, default=0, help="completion limit (default: the run's, else 256)")
-    e.add_argument("--template", choices=["auto", "base", "chat", "compact"], default=None)
-    e.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE", help="task parameter, e.g. max_numbers=3")
-    e.add_argument("--batch-size", type=int, default=128)
-    e.add_argument("--out", help="write the full result (with per-problem records) to this JSON file")
+    w = sub.add_parser("worker", help=argparse.SUPPRESS)  # what the supervisor runs
+    w.add_argument("config")
+    w.add_argument("--set", action="append", default=[])
+    w.add_argument("--run-dir")
+    w.add_argument("--resume", choices=["auto", "never"], default="auto")
+    w.set_defaults(func=cmd_worker)
+
+    e = sub.add_parser(
+        "eval",
+        help="held-out accuracy, pass@k, maj@k with 95%% intervals (or perplexity) of a model or checkpoint",
+    )
+    e.add_argument(
+        "model",
+        help="hub id, HF directory, checkpoint (RUN/checkpoints/latest), RUN/final, .gguf file, or smollm2",
+    )
+    _add_eval_options(e)
+    e.add_argument(
+        "--out", help="write the full result (with per-problem records, for keelrl compare) to this JSON file"
+    )
+    e.add_argument(
+        "--gate",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="exit 1 unless EXPR holds, e.g. 'accuracy>=0.45', 'pass@4.lo>0.6', 'accuracy>=base-0.01' (repeatable)",
+    )
+    e.add_argument("--baseline", metavar="FILE.json", help="eval result that 'base' in --gate refers to")
+    e.add_argument(
+        "--perplexity",
+        metavar="SOURCE",
+        help="instead of generating, measure perplexity on SOURCE: 'reference' (the task's reference solutions) or a text file (one text per line; .jsonl: the \"text\" field)",
+    )
     e.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser(
+        "compare",
+        help="paired comparison of two models or eval results on the same problems: better / worse / indistinguishable per metric",
+    )
+    c.add_argument(
+        "a", metavar="A", help="baseline: an eval result (.json from keelrl eval --out) or a model/checkpoint"
+    )
+    c.add_argument(
+        "b",
+        metavar="B",
+        help="candidate: an eval result or a model/checkpoint (evaluated like A: same problems and seed)",
+    )
+    _add_eval_options(c)
+    c.add_argument("--level", type=float, default=0.95, help="confidence level of the paired intervals")
+    c.add_argument("--out", help="write the comparison to this JSON file")
+    c.add_argument(
+        "--gate",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="exit 1 unless EXPR holds for B, with 'base' = A, e.g. 'accuracy>=base-0.01' (repeatable)",
+    )
+    c.set_defaults(func=cmd_compare)
+
+    d = sub.add_parser("doctor", help="diagnose a run: findings most severe first (exit 0 healthy, 1 warnings, 2 critical)")
+    d.add_argument("run_dir", help="run directory (or a metrics.jsonl file)")
+    d.add_argument("--json", action="store_true", help="print the diagnosis as one JSON object")
+    d.set_defaults(func=cmd_doctor)
+
+    r = sub.add_parser("report", help="write one self-contained HTML report of a run (plots, findings, sample rollouts)")
+    r.add_argument("run_dir", help="run directory")
+    r.add_argument("-o", "--out", default=None, help="output HTML file (default: RUN_DIR/report.html)")
+    r.add_argument("--compare", nargs="+", default=[], metavar="RUN_DIR2", help="overlay these runs on every plot")
+    r.set_defaults(func=cmd_report)
 
     f = sub.add_parser("config-fields", help="print every config field with its default and documentation")
     f.set_defaults(func=cmd_fields)

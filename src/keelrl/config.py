@@ -34,9 +34,13 @@ class TinyModelConfig(Section):
     arch: Literal["llama", "qwen2"] = Field("llama", description="Architecture of the tiny model.")
     hidden_size: int = Field(128, ge=8, description="Hidden size of the tiny model.")
     num_layers: int = Field(2, ge=1, description="Number of transformer layers of the tiny model.")
-    num_heads: int = Field(4, ge=1, description="Attention heads of the tiny model (must divide hidden_size).")
+    num_heads: int = Field(
+        4, ge=1, description="Attention heads of the tiny model (must divide hidden_size)."
+    )
     intermediate_size: int = Field(0, ge=0, description="MLP width; 0 means 4 * hidden_size.")
-    max_positions: int = Field(256, ge=16, description="Longest sequence (prompt + completion) the tiny model supports.")
+    max_positions: int = Field(
+        256, ge=16, description="Longest sequence (prompt + completion) the tiny model supports."
+    )
     init_seed: int = Field(0, description="Seed for the random initial weights of the tiny model.")
 
     @model_validator(mode="after")
@@ -59,14 +63,22 @@ class ModelConfig(Section):
         ),
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weight dtype of the policy.")
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the model when path = 'tiny'.")
-    trust_remote_code: bool = Field(False, description="Allow model code from the hub (transformers' trust_remote_code).")
+    tiny: TinyModelConfig = Field(
+        default_factory=TinyModelConfig, description="Shape of the model when path = 'tiny'."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Allow model code from the hub (transformers' trust_remote_code)."
+    )
 
 
 class TaskConfig(Section):
-    name: str = Field("countdown", description="Task name, as accepted by keelrl.tasks.get_task (countdown, multiply, code).")
+    name: str = Field(
+        "countdown",
+        description="Task name, as accepted by keelrl.tasks.get_task (countdown, multiply, code).",
+    )
     params: dict[str, Any] = Field(
-        default_factory=dict, description="Task parameters (see the task's own parameter model); checked by get_task."
+        default_factory=dict,
+        description="Task parameters (see the task's own parameter model); checked by get_task.",
     )
     template: Literal["auto", "base", "chat", "compact"] = Field(
         "auto",
@@ -80,14 +92,30 @@ class TaskConfig(Section):
 
 
 class RolloutConfig(Section):
-    backend: Literal["cpu"] = Field("cpu", description="Sampler backend; 'cpu' is keelrl's batched KV-cache sampler (runs on any torch device).")
-    batch_size: int = Field(64, ge=1, description="Completions sampled per RL step (prompts per step x group_size).")
-    group_size: int = Field(8, ge=1, description="Completions per prompt; advantages are computed within a group.")
-    max_new_tokens: int = Field(64, ge=1, description="Longest completion; longer ones are cut and marked truncated.")
-    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature; the trainer's log-probs use the same temperature.")
+    backend: Literal["cpu"] = Field(
+        "cpu",
+        description="Sampler backend; 'cpu' is keelrl's batched KV-cache sampler (runs on any torch device).",
+    )
+    batch_size: int = Field(
+        64, ge=1, description="Completions sampled per RL step (prompts per step x group_size)."
+    )
+    group_size: int = Field(
+        8, ge=1, description="Completions per prompt; advantages are computed within a group."
+    )
+    max_new_tokens: int = Field(
+        64, ge=1, description="Longest completion; longer ones are cut and marked truncated."
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0.0,
+        le=10.0,
+        description="Sampling temperature; the trainer's log-probs use the same temperature.",
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass (1.0 = off).")
     top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens when sampling (0 = off).")
-    chunk_size: int = Field(0, ge=0, description="Sequences generated together (memory bound); 0 means the whole batch.")
+    chunk_size: int = Field(
+        0, ge=0, description="Sequences generated together (memory bound); 0 means the whole batch."
+    )
 
 
 class AlgoConfig(Section):
@@ -99,7 +127,9 @@ class AlgoConfig(Section):
             "reinforce_pp (REINFORCE++: batch-normalised; with group baseline if algo.group_baseline)."
         ),
     )
-    group_baseline: bool = Field(True, description="reinforce_pp only: subtract the group mean before batch normalisation.")
+    group_baseline: bool = Field(
+        True, description="reinforce_pp only: subtract the group mean before batch normalisation."
+    )
     std_eps: float = Field(1e-6, gt=0.0, description="Added to standard deviations before dividing.")
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = Field(
         "token_mean",
@@ -110,20 +140,40 @@ class AlgoConfig(Section):
             "rollout.max_new_tokens (Dr. GRPO)."
         ),
     )
-    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO ratio clip below: ratios under 1 - clip_low stop pushing down.")
-    clip_high: float = Field(0.2, ge=0.0, le=10.0, description="PPO ratio clip above (DAPO clip-higher uses 0.28).")
-    dual_clip: float = Field(0.0, ge=0.0, description="Dual-clip constant c > 1 bounding the loss of negative advantages (0 = off).")
+    clip_low: float = Field(
+        0.2, ge=0.0, le=1.0, description="PPO ratio clip below: ratios under 1 - clip_low stop pushing down."
+    )
+    clip_high: float = Field(
+        0.2, ge=0.0, le=10.0, description="PPO ratio clip above (DAPO clip-higher uses 0.28)."
+    )
+    dual_clip: float = Field(
+        0.0,
+        ge=0.0,
+        description="Dual-clip constant c > 1 bounding the loss of negative advantages (0 = off).",
+    )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each sampled batch.")
-    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass: the batch is split into this many mini-batches.")
-    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the KL-to-reference loss term (0 = no reference model).")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Estimator of KL(pi || ref) per token (Schulman's k1, k2, k3).")
-    entropy_coef: float = Field(0.0, ge=0.0, description="Weight of the entropy bonus (subtracted from the loss).")
-    grad_clip: float = Field(1.0, ge=0.0, description="Clip the global gradient norm to this value (0 = off).")
+    minibatches: int = Field(
+        1, ge=1, description="Optimizer steps per pass: the batch is split into this many mini-batches."
+    )
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="Weight of the KL-to-reference loss term (0 = no reference model)."
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Estimator of KL(pi || ref) per token (Schulman's k1, k2, k3)."
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0.0, description="Weight of the entropy bonus (subtracted from the loss)."
+    )
+    grad_clip: float = Field(
+        1.0, ge=0.0, description="Clip the global gradient norm to this value (0 = off)."
+    )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in RL steps.")
-    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Learning-rate decay after warm-up, over train.steps.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Learning-rate decay after warm-up, over train.steps."
+    )
     old_logprobs: Literal["sampler", "recompute"] = Field(
         "sampler",
         description=(
@@ -133,20 +183,28 @@ class AlgoConfig(Section):
         ),
     )
     tis_cap: float = Field(
-        0.0, ge=0.0, description="Truncated importance sampling: weight tokens by min(pi_old/pi_sampler, cap) (0 = off)."
+        0.0,
+        ge=0.0,
+        description="Truncated importance sampling: weight tokens by min(pi_old/pi_sampler, cap) (0 = off).",
     )
 
 
 class TrainConfig(Section):
     steps: int = Field(100, ge=0, description="Number of RL steps (each samples one batch).")
-    micro_batch_size: int = Field(16, ge=1, description="Sequences per forward/backward pass; does not change the update.")
+    micro_batch_size: int = Field(
+        16, ge=1, description="Sequences per forward/backward pass; does not change the update."
+    )
     seed: int = Field(0, description="Seed for sampling, initialisation and data order.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the policy lives; auto picks cuda when available.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the policy lives; auto picks cuda when available."
+    )
     threads: int = Field(0, ge=0, description="torch CPU threads (0 = torch's default).")
 
 
 class EvalConfig(Section):
-    every_steps: int = Field(0, ge=0, description="Held-out eval interval in RL steps (0 = only at start and end).")
+    every_steps: int = Field(
+        0, ge=0, description="Held-out eval interval in RL steps (0 = only at start and end)."
+    )
     problems: int = Field(200, ge=1, description="Held-out problems per eval.")
     at_start: bool = Field(True, description="Evaluate the initial policy before training.")
     temperature: float = Field(0.0, ge=0.0, description="Eval sampling temperature (0 = greedy).")
@@ -156,16 +214,59 @@ class EvalConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every_steps: int = Field(0, ge=0, description="Save a checkpoint every this many steps (0 = only at the end).")
+    every_steps: int = Field(0, ge=0, description="Save a checkpoint every this many steps (0 = off; see every_minutes and auto).")
+    every_minutes: float = Field(0.0, ge=0.0, description="Also save when this many minutes passed since the last save (0 = off).")
+    auto: bool = Field(
+        False,
+        description=(
+            "Choose the interval by Daly's formula from the measured save cost and the observed mean time between "
+            "failures (checkpoint.assumed_mtbf_hours until a failure has been seen); overrides every_steps/every_minutes."
+        ),
+    )
+    assumed_mtbf_hours: float = Field(24.0, gt=0.0, description="Mean time between failures assumed by auto before any failure is observed.")
     keep_last: int = Field(2, ge=1, description="Newest checkpoints kept; older ones are deleted after a new one is committed.")
     keep_best: int = Field(1, ge=0, description="Checkpoints kept for the best value of checkpoint.best_metric.")
     best_metric: str = Field("eval/accuracy", description="Metric (higher is better) that ranks checkpoints for keep_best.")
+    async_save: bool = Field(
+        False, description="Write checkpoints in a background thread (training waits only for the copy to CPU memory)."
+    )
+
+
+class SupervisorConfig(Section):
+    enabled: bool = Field(True, description="Run training in a child process that is restarted when it crashes or hangs.")
+    max_restarts: int = Field(5, ge=0, description="Restarts allowed within supervisor.restart_window_s before giving up.")
+    restart_window_s: float = Field(3600.0, gt=0.0, description="Window over which max_restarts is counted.")
+    crash_loop_restarts: int = Field(
+        3, ge=2, description="Stop with a diagnosis when this many consecutive restarts die without passing the same step."
+    )
+    hang_timeout_s: float = Field(600.0, gt=0.0, description="Kill and restart a worker that sent no heartbeat for this long.")
+    startup_timeout_s: float = Field(900.0, gt=0.0, description="Longest a worker may take to load its model before its first heartbeat.")
+    backoff_s: float = Field(2.0, ge=0.0, description="Wait before the first restart; doubles with each restart in a row (capped at 60 s).")
+
+
+class FaultsConfig(Section):
+    """Chaos drills: rehearse recovery on your own run. Each fault fires once per run (not again after the
+    restart it causes) and is logged as an event of kind 'fault'."""
+
+    crash_at_step: int = Field(0, ge=0, description="Worker exits with an error after finishing this step (0 = off).")
+    hang_at_step: int = Field(0, ge=0, description="Worker stops sending heartbeats and sleeps after this step (0 = off).")
+    kill_during_save_at_step: int = Field(0, ge=0, description="Worker SIGKILLs itself in the middle of writing this step's checkpoint (0 = off).")
+    corrupt_latest_checkpoint: bool = Field(False, description="After the first checkpoint is written, flip bytes in its weights and crash.")
+    nan_grad_at_step: int = Field(0, ge=0, description="Gradients of this step's update are replaced by NaN (0 = off).")
+    reward_error_rate: float = Field(0.0, ge=0.0, le=1.0, description="Share of reward calls that raise an error.")
+    reward_stall_s: float = Field(0.0, ge=0.0, description="Seconds the first reward call of the run sleeps (a stalled verifier).")
+
+    @property
+    def any(self) -> bool:
+        return any(v for v in self.model_dump().values())
 
 
 class LogConfig(Section):
     console_every: int = Field(1, ge=1, description="Print a console line every this many steps.")
     progress: bool = Field(True, description="Show a progress bar on a terminal.")
-    tensorboard: bool = Field(True, description="Write TensorBoard event files under RUN/tb when tensorboard is installed.")
+    tensorboard: bool = Field(
+        True, description="Write TensorBoard event files under RUN/tb when tensorboard is installed."
+    )
     wandb: bool = Field(False, description="Log to Weights & Biases (needs the wandb extra).")
     wandb_project: str = Field("keelrl", description="W&B project name.")
     rollouts_per_step: int = Field(8, ge=0, description="Rollouts per step written to rollouts.jsonl.gz.")
@@ -173,13 +274,17 @@ class LogConfig(Section):
 
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy and tokenizer.")
-    task: TaskConfig = Field(default_factory=TaskConfig, description="What is trained on and how it is scored.")
+    task: TaskConfig = Field(
+        default_factory=TaskConfig, description="What is trained on and how it is scored."
+    )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm settings.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Loop settings.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     log: LogConfig = Field(default_factory=LogConfig, description="Logging.")
+    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description="Crash and hang recovery.")
+    faults: FaultsConfig = Field(default_factory=FaultsConfig, description="Fault injection for recovery drills (off by default).")
 
     @model_validator(mode="after")
     def _batch_arithmetic(self) -> Config:
@@ -262,7 +367,9 @@ def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     cls: Any = model
     for part in loc:
         field = cls.model_fields.get(part) if isinstance(part, str) and hasattr(cls, "model_fields") else None
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        if field is None or not (
+            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        ):
             return []
         cls = field.annotation
     return list(cls.model_fields)
@@ -306,11 +413,15 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         p = Path(path)
         source = str(p)
         if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist; shipped presets are in configs/ (e.g. configs/smoke.toml)")
+            raise ConfigError(
+                f"config file {p} does not exist; shipped presets are in configs/ (e.g. configs/smoke.toml)"
+            )
         try:
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{p} is not valid TOML: {err}. Check quoting and [section] headers near that line.") from None
+            raise ConfigError(
+                f"{p} is not valid TOML: {err}. Check quoting and [section] headers near that line."
+            ) from None
     data = apply_overrides(data, overrides or [])
     return config_from_dict(data, source + (" with --set overrides" if overrides else ""))
 

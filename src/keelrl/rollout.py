@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from keelrl.supervisor import pulse
 from keelrl.tasks.base import Prompt, Template
 
 FinishReason = Literal["eos", "length"]
@@ -82,7 +83,9 @@ class Rollout:
 class Sampler(Protocol):
     """Generates completions. Implementations: HFSampler (in-process); remote engines plug in here."""
 
-    def generate(self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
+    ) -> list[Generation]:
         """One completion per prompt; `seeds[i]` drives row i's randomness."""
         ...
 
@@ -100,7 +103,9 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, template: 
     `user + newline + assistant_prefix` for tiny character-level models."""
     if template == "chat":
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("task.template='chat' but the tokenizer has no chat template; use 'base' or 'auto'")
+            raise ValueError(
+                "task.template='chat' but the tokenizer has no chat template; use 'base' or 'auto'"
+            )
         messages = ([{"role": "system", "content": prompt.system}] if prompt.system else []) + [
             {"role": "user", "content": prompt.user}
         ]
@@ -193,9 +198,13 @@ class HFSampler:
     """Batched sampling with a KV cache over a transformers causal LM (left-padded prompts, explicit
     position ids, finished rows dropped from the batch as they end)."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, chunk_size: int = 0) -> None:
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, chunk_size: int = 0
+    ) -> None:
         self.model = model
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        self.pad_id = int(
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.chunk_size = chunk_size
         self._version = 0
@@ -211,7 +220,9 @@ class HFSampler:
         self._version = version
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]) -> list[Generation]:
+    def generate(
+        self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
+    ) -> list[Generation]:
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         if not prompts:
@@ -245,7 +256,9 @@ class HFSampler:
         stop = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
 
         cache_arg = _cache_argument(model)
-        out = model(input_ids=input_ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=input_ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
         cache = out[cache_arg]
         logits = out.logits[:, -1, :].float()  # [B, V]
         next_pos = positions[:, -1] + 1  # [B]
@@ -255,6 +268,7 @@ class HFSampler:
         finish: list[FinishReason] = ["length"] * B
         alive = torch.arange(B, device=device)  # original row index of each live row
         for t in range(settings.max_new_tokens):
+            pulse()
             tok, logp = sample_from_logits(logits, settings, uniforms[alive.cpu(), t])
             tok_list, logp_list, alive_list = tok.tolist(), logp.tolist(), alive.tolist()
             for r, row in enumerate(alive_list):

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,18 +34,20 @@ from keelrl import checkpoint as ckpt
 from keelrl.algo.advantages import compute_advantages
 from keelrl.algo.logprobs import completion_logprobs
 from keelrl.algo.losses import kl_penalty, ppo_clip_loss, token_weights, truncated_is_weights
-from keelrl.config import Config, check_batch_arithmetic, config_to_dict
+from keelrl.config import AlgoConfig, Config, FaultsConfig, check_batch_arithmetic, config_to_dict
 from keelrl.curriculum import ProblemSource, SequentialSource
 from keelrl.distributed import World, all_gather_list, all_reduce_sum, init_world
 from keelrl.evaluate import run_eval, summarize
+from keelrl.faults import FaultInjector
 from keelrl.models import load_policy, model_summary, save_hf_dir
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, Sink, TensorBoardSink, WandbSink, tensorboard_available
 from keelrl.monitor.traces import is_repetitive
 from keelrl.rollout import HFSampler, Rollout, Sampler, SamplingSettings, render_prompt, resolve_template
 from keelrl.state import TrainState
+from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, install_heartbeat, pulse
 from keelrl.tasks import Task, Template, get_task
-from keelrl.tasks.base import stable_hash
+from keelrl.tasks.base import Score, score_batch, stable_hash
 
 ResumeMode = Literal["auto", "never"]
 
@@ -84,6 +89,20 @@ class Run:
     sinks: list[Sink] = field(default_factory=list)
     prompt_cache: dict[int, tuple[list[int], str]] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(Path("."), enabled=False))
+    supervised: bool = False
+    faults: FaultInjector = field(default_factory=lambda: FaultInjector(FaultsConfig(), None))
+    ckpt_policy: ckpt.CheckpointPolicy = field(default_factory=lambda: ckpt.CheckpointPolicy(0, 0.0, False, 86400.0))
+    saver: ckpt.AsyncCheckpointer | None = None
+    save_results: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    save_stalls: list[tuple[int, float, float]] = field(default_factory=list)
+    stop_requested: bool = False
+
+    def report_status(self, **fields: Any) -> None:
+        """Live status: the heartbeat always; status.json too unless a supervisor owns it."""
+        self.heartbeat.beat(force=True, **fields)
+        if not self.supervised:
+            self.run_dir.write_status(pid=os.getpid(), **fields)
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
         self.run_dir.event(kind, step, **fields)
@@ -94,10 +113,14 @@ class Run:
 # ------------------------------------------------------------------------------------------------ setup
 
 
-def build_optimizer(cfg: Config, policy: PreTrainedModel) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def build_optimizer(
+    cfg: Config, policy: PreTrainedModel
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     a = cfg.algo
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), weight_decay=a.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params, lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), weight_decay=a.weight_decay
+    )
     total = max(cfg.train.steps, 1)
 
     def factor(step: int) -> float:
@@ -125,7 +148,11 @@ def changed_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
 
 
 def unsafe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    return [k for k in changed_keys(old, new) if not any(k == s or (s.endswith(".") and k.startswith(s)) for s in SAFE_TO_CHANGE)]
+    return [
+        k
+        for k in changed_keys(old, new)
+        if not any(k == s or (s.endswith(".") and k.startswith(s)) for s in SAFE_TO_CHANGE)
+    ]
 
 
 def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tuple[Run, TrainState]:
@@ -133,14 +160,13 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     check_batch_arithmetic(cfg, world.world_size)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    run_dir = RunDir(run_path, writer=world.is_writer)
     config_dict = config_to_dict(cfg)
-
+    task = get_task(cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
     policy, tokenizer = load_policy(cfg.model)
     policy.to(world.device)
     policy.eval()  # dropout off: see module docstring
     template = resolve_template(cfg.task.template, tokenizer)
-    task = get_task(cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
+    run_dir = RunDir(run_path, writer=world.is_writer)  # created only once the inputs are known to be good
     optimizer, scheduler = build_optimizer(cfg, policy)
     ref = None
     if cfg.algo.kl_coef > 0:
@@ -160,11 +186,21 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         sampler=HFSampler(policy, tokenizer, chunk_size=r.chunk_size),
         source=source,
         settings=SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
-        eval_settings=SamplingSettings(cfg.eval.max_new_tokens or r.max_new_tokens, cfg.eval.temperature, 1.0, 0),
+        eval_settings=SamplingSettings(
+            cfg.eval.max_new_tokens or r.max_new_tokens, cfg.eval.temperature, 1.0, 0
+        ),
     )
+    run.supervised = os.environ.get(ENV_SUPERVISED) == "1"
+    run.heartbeat = Heartbeat(run_dir.path, enabled=world.is_writer)
+    run.faults = FaultInjector(cfg.faults, run_dir if world.is_writer else None, cfg.train.seed)
+    c = cfg.checkpoint
+    run.ckpt_policy = ckpt.CheckpointPolicy(c.every_steps, c.every_minutes, c.auto, c.assumed_mtbf_hours * 3600)
+    if c.async_save:
+        run.saver = ckpt.AsyncCheckpointer(lambda path, err, snap: run.save_results.put((path, err, snap)))
     restore_or_start(run, state, resume, config_dict)
     source.load_state_dict(state.curriculum)
     run.sampler.sync_weights(policy, state.policy_version)
+    run.ckpt_policy.observe_failures(*observed_failures(run_dir))
     if world.is_writer:
         run_dir.write_config(config_dict)
         _open_sinks(run, state, config_dict)
@@ -200,6 +236,16 @@ def restore_or_start(run: Run, state: TrainState, resume: ResumeMode, config_dic
     ckpt.load_into(path, state)
     dropped = run_dir.truncate_after(state.step)
     run.event("resume", state.step, checkpoint=path.name, dropped_metric_lines=dropped)
+
+
+def observed_failures(run_dir: RunDir) -> tuple[int, float]:
+    """(failures, wall seconds) of this run so far, from events.jsonl and metrics.jsonl: the inputs of the
+    automatic checkpoint interval."""
+    events = run_dir.events()
+    failures = sum(1 for e in events if e.get("kind") == "restart")
+    times = [float(e["time"]) for e in events if "time" in e]
+    first = min(times) if times else time.time()
+    return failures, max(0.0, time.time() - first)
 
 
 def _open_sinks(run: Run, state: TrainState, config_dict: dict[str, Any]) -> None:
@@ -257,15 +303,41 @@ def _prompt_ids(run: Run, index: int, problem: dict[str, Any]) -> tuple[list[int
         if len(run.prompt_cache) > 100_000:
             run.prompt_cache.clear()
         prompt = run.task.prompt(problem, run.template)
-        run.prompt_cache[index] = (render_prompt(run.tokenizer, prompt, run.template), prompt.assistant_prefix)
+        run.prompt_cache[index] = (
+            render_prompt(run.tokenizer, prompt, run.template),
+            prompt.assistant_prefix,
+        )
     return run.prompt_cache[index]
 
 
-def score_phase(run: Run, rollouts: list[Rollout]) -> None:
-    for r in rollouts:
-        prefix = r.info.pop("prefix", "")
-        s = run.task.score(r.problem, prefix + r.text)
+def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> dict[str, float]:
+    """Score every rollout with the task's checker (in parallel when the task can). A checker that raises
+    (user code can) scores that sample 0 with reason `score_error`, and the step records how many failed,
+    instead of killing the run."""
+    texts = [r.info.pop("prefix", "") + r.text for r in rollouts]
+    problems = [r.problem for r in rollouts]
+    scores: list[Score] | None = None
+    errors: list[str] = []
+    if not run.faults.wraps_scoring:
+        try:
+            scores = score_batch(run.task, problems, texts)
+        except Exception:
+            scores = None
+    if scores is None:
+        score = run.faults.wrap_score(run.task.score, state.step)
+        scores = []
+        for problem, text in zip(problems, texts):
+            try:
+                scores.append(score(problem, text))
+            except Exception as err:
+                errors.append(f"{type(err).__name__}: {err}"[:300])
+                scores.append(Score(0.0, False, {"formatted": False, "reason": "score_error", "error": errors[-1]}))
+    for r, s in zip(rollouts, scores):
         r.reward, r.correct, r.info = s.reward, s.correct, dict(s.info)
+    if errors:
+        run.event("score_errors", state.step, count=len(errors), first=errors[0],
+                  injected=any("injected fault" in e for e in errors))
+    return {"reward/errors": float(len(errors))}
 
 
 def advantage_phase(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
@@ -274,7 +346,9 @@ def advantage_phase(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
     a = run.cfg.algo
     local = [r.reward for r in rollouts]
     rewards = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)
-    adv, metrics = compute_advantages(rewards, run.cfg.rollout.group_size, a.advantage, a.std_eps, a.group_baseline)
+    adv, metrics = compute_advantages(
+        rewards, run.cfg.rollout.group_size, a.advantage, a.std_eps, a.group_baseline
+    )
     offset = run.world.rank * len(rollouts)
     for r, value in zip(rollouts, adv[offset : offset + len(rollouts)].tolist()):
         r.advantage = value
@@ -350,7 +424,9 @@ def micro_batches(batch: TrainBatch, idx: torch.Tensor, size: int) -> list[Train
 
 
 @torch.no_grad()
-def forward_logprobs(model: PreTrainedModel, batch: TrainBatch, micro_batch_size: int, temperature: float) -> torch.Tensor:
+def forward_logprobs(
+    model: PreTrainedModel, batch: TrainBatch, micro_batch_size: int, temperature: float
+) -> torch.Tensor:
     """Log-probs [B, T] of every completion token of the batch under `model`, micro-batched, no gradient."""
     out = torch.zeros_like(batch.sampler_logprobs)
     B = batch.input_ids.shape[0]
@@ -362,7 +438,9 @@ def forward_logprobs(model: PreTrainedModel, batch: TrainBatch, micro_batch_size
     return out
 
 
-def prepare_batch(run: Run, state: TrainState, rollouts: list[Rollout]) -> tuple[TrainBatch, dict[str, float]]:
+def prepare_batch(
+    run: Run, state: TrainState, rollouts: list[Rollout]
+) -> tuple[TrainBatch, dict[str, float]]:
     """Collate, and attach old-policy, reference and IS-weight log-probs. Measures the sampler/trainer
     log-prob gap whenever the trainer recomputes (mismatch/*)."""
     cfg, a, world = run.cfg, run.cfg.algo, run.world
@@ -381,7 +459,9 @@ def prepare_batch(run: Run, state: TrainState, rollouts: list[Rollout]) -> tuple
     return batch, metrics
 
 
-def mismatch_metrics(trainer_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor, world: World) -> dict[str, float]:
+def mismatch_metrics(
+    trainer_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor, world: World
+) -> dict[str, float]:
     """Sampler vs trainer on the same tokens: mismatch/kl is the token mean of k3(sampler || trainer) (an
     estimate of KL between the two), mismatch/max_abs the largest |log-prob gap|."""
     log_r = (trainer_lp - sampler_lp).clamp(-20, 20) * mask
@@ -402,60 +482,33 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch) -> dict[str, fl
     sums: dict[str, float] = {}
     ratio_max = 0.0
     skipped = 0
-
-    def add(key: str, value: float) -> None:
-        sums[key] = sums.get(key, 0.0) + value
-
     lr = state.optimizer.param_groups[0]["lr"]
     mb_size = B // a.minibatches
     for epoch in range(a.ppo_epochs):
         perm = torch.arange(B, device=world.device)
         if a.minibatches > 1:
-            g = torch.Generator().manual_seed(stable_hash("minibatch", cfg.train.seed, state.step, epoch) % 2**63)
+            g = torch.Generator().manual_seed(
+                stable_hash("minibatch", cfg.train.seed, state.step, epoch) % 2**63
+            )
             perm = torch.randperm(B, generator=g).to(world.device)
         for m in range(a.minibatches):
-            idx = perm[m * mb_size : (m + 1) * mb_size]
-            g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
-            g_seqs = all_reduce_sum(float(len(idx)), world)
             state.optimizer.zero_grad(set_to_none=True)
-            for mb in micro_batches(batch, idx, cfg.train.micro_batch_size):
-                lp, ent = completion_logprobs(
-                    policy,
-                    mb.input_ids,
-                    mb.attention_mask,
-                    mb.target_mask,
-                    run.settings.temperature,
-                    with_entropy=True,
-                    entropy_grad=a.entropy_coef > 0,
-                )
-                assert mb.old_logprobs is not None and ent is not None
-                w = token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, cfg.rollout.max_new_tokens)  # [b, T]
-                adv = mb.advantages[:, None].expand_as(lp)  # [b, T]
-                pg, pstats = ppo_clip_loss(lp, mb.old_logprobs, adv, a.clip_low, a.clip_high, a.dual_clip)
-                if mb.is_weights is not None:
-                    pg = pg * mb.is_weights
-                policy_loss = (pg * w).sum()
-                loss = policy_loss
-                if mb.ref_logprobs is not None:
-                    kl_term = (kl_penalty(lp, mb.ref_logprobs, a.kl_estimator) * w).sum()
-                    loss = loss + a.kl_coef * kl_term
-                    add("kl/ref", float(kl_term.detach()))
-                ent_term = (ent * w).sum()
-                if a.entropy_coef > 0:
-                    loss = loss - a.entropy_coef * ent_term
-                loss.backward()
-                with torch.no_grad():
-                    add("loss/policy", float(policy_loss))
-                    add("loss/total", float(loss))
-                    add("entropy", float(ent_term))
-                    add("clipfrac/low", float((pstats["clipped_low"] * w).sum()))
-                    add("clipfrac/high", float((pstats["clipped_high"] * w).sum()))
-                    log_r = (mb.old_logprobs - lp).clamp(-20, 20)
-                    add("kl/old", float(((torch.exp(log_r) - 1 - log_r) * w).sum()))
-                    if mb.target_mask.any():
-                        ratio_max = max(ratio_max, float(pstats["ratio"][mb.target_mask.bool()].max()))
+            stats = minibatch_backward(
+                policy,
+                batch,
+                perm[m * mb_size : (m + 1) * mb_size],
+                a,
+                cfg.train.micro_batch_size,
+                run.settings.temperature,
+                cfg.rollout.max_new_tokens,
+                world,
+            )
+            ratio_max = max(ratio_max, stats.pop("ratio/max"))
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0.0) + value
+            run.faults.corrupt_gradients(state.step + 1, policy)
             grad_norm = grad_norm_and_clip(policy, a.grad_clip)
-            add("grad_norm", grad_norm)
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
             if not math.isfinite(grad_norm):
                 state.optimizer.zero_grad(set_to_none=True)
                 skipped += 1
@@ -472,12 +525,78 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch) -> dict[str, fl
     return out
 
 
+def minibatch_backward(
+    policy: PreTrainedModel,
+    batch: TrainBatch,
+    idx: torch.Tensor,
+    algo: AlgoConfig,
+    micro_batch_size: int,
+    temperature: float,
+    max_new_tokens: int,
+    world: World,
+) -> dict[str, float]:
+    """Accumulate into .grad the gradient of the mini-batch `idx`'s loss, one micro-batch at a time.
+    Every micro-batch is weighted with the mini-batch's global token and sequence counts, so the summed
+    gradient (and loss) is the same for any micro_batch_size and any number of ranks. Returns the
+    mini-batch's loss terms and statistics (token-weighted like the loss)."""
+    a = algo
+    g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
+    g_seqs = all_reduce_sum(float(len(idx)), world)
+    sums: dict[str, float] = {"ratio/max": 0.0}
+
+    def add(key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
+
+    for mb in micro_batches(batch, idx, micro_batch_size):
+        pulse()
+        lp, ent = completion_logprobs(
+            policy,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.target_mask,
+            temperature,
+            with_entropy=True,
+            entropy_grad=a.entropy_coef > 0,
+        )  # [b, T]
+        assert mb.old_logprobs is not None and ent is not None
+        w = token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens)  # [b, T]
+        adv = mb.advantages[:, None].expand_as(lp)  # [b, T]
+        pg, pstats = ppo_clip_loss(lp, mb.old_logprobs, adv, a.clip_low, a.clip_high, a.dual_clip)
+        if mb.is_weights is not None:
+            pg = pg * mb.is_weights
+        policy_loss = (pg * w).sum()
+        loss = policy_loss
+        if mb.ref_logprobs is not None:
+            kl_term = (kl_penalty(lp, mb.ref_logprobs, a.kl_estimator) * w).sum()
+            loss = loss + a.kl_coef * kl_term
+            add("kl/ref", float(kl_term.detach()))
+        ent_term = (ent * w).sum()
+        if a.entropy_coef > 0:
+            loss = loss - a.entropy_coef * ent_term
+        loss.backward()
+        with torch.no_grad():
+            add("loss/policy", float(policy_loss))
+            add("loss/total", float(loss))
+            add("entropy", float(ent_term))
+            add("clipfrac/low", float((pstats["clipped_low"] * w).sum()))
+            add("clipfrac/high", float((pstats["clipped_high"] * w).sum()))
+            log_r = (mb.old_logprobs - lp).clamp(-20, 20)
+            add("kl/old", float(((torch.exp(log_r) - 1 - log_r) * w).sum()))
+            if mb.target_mask.any():
+                sums["ratio/max"] = max(
+                    sums["ratio/max"], float(pstats["ratio"][mb.target_mask.bool()].max())
+                )
+    return sums
+
+
 def grad_norm_and_clip(model: torch.nn.Module, clip: float) -> float:
     """Global L2 norm of the gradients (before clipping); clips in place when clip > 0."""
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return 0.0
-    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"), error_if_nonfinite=False)
+    norm = torch.nn.utils.clip_grad_norm_(
+        params, clip if clip > 0 else float("inf"), error_if_nonfinite=False
+    )
     return float(norm)
 
 
@@ -541,27 +660,49 @@ def is_eval_step(cfg: Config, step: int) -> bool:
 # ------------------------------------------------------------------------------------------- checkpoint
 
 
-def save_checkpoint(run: Run, state: TrainState, metrics: dict[str, float], reason: str) -> Path | None:
-    """Commit a checkpoint of `state` (rank 0 writes), then prune old ones. Disk errors become an event,
-    not a crash: training goes on and the previous checkpoints stay valid."""
+def save_checkpoint(run: Run, state: TrainState, metrics: dict[str, float], reason: str, wait: bool = False) -> None:
+    """Snapshot `state` to CPU memory and commit it (rank 0 writes), in the background when
+    checkpoint.async_save. Bookkeeping (events, pruning, status) happens in `collect_saves`."""
     if not run.world.is_writer:
-        return None
+        return
     cfg = run.cfg
+    run.faults.before_save(state.step)
+    run.heartbeat.beat(force=True, phase="checkpoint")
     t0 = time.perf_counter()
-    keep_metric = cfg.checkpoint.best_metric
     ckpt_metrics = {k: v for k, v in metrics.items() if k.startswith("eval/")}
-    snap = ckpt.snapshot(state, run.tokenizer, config_to_dict(cfg), {"metrics": ckpt_metrics, "reason": reason})
-    try:
-        path = ckpt.write_snapshot(snap, run.run_dir.checkpoints)
-    except ckpt.CheckpointError as err:
-        run.event("checkpoint_failed", state.step, reason=str(err))
-        return None
-    deleted = ckpt.prune(run.run_dir.checkpoints, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, keep_metric)
-    seconds = time.perf_counter() - t0
-    run.event("checkpoint", state.step, path=path.name, reason=reason, seconds=round(seconds, 3),
-              deleted=[p.name for p in deleted])
-    run.run_dir.write_status(last_checkpoint=path.name)
-    return path
+    extra = {"metrics": ckpt_metrics, "reason": reason, "snapshot_time": time.time()}
+    snap = ckpt.snapshot(state, run.tokenizer, config_to_dict(cfg), extra)
+    stall = time.perf_counter() - t0
+    if run.saver is not None:
+        stall += run.saver.submit(snap, run.run_dir.checkpoints, True, write=True)
+        if wait:
+            run.saver.wait()
+    else:
+        try:
+            path = ckpt.write_snapshot(snap, run.run_dir.checkpoints)
+            run.save_results.put((path, None, snap))
+        except ckpt.CheckpointError as err:
+            run.save_results.put((None, err, snap))
+        stall = time.perf_counter() - t0
+    run.save_stalls.append((state.step, stall, time.perf_counter() - t0))
+    collect_saves(run)
+
+
+def collect_saves(run: Run) -> None:
+    """Handle finished checkpoint writes in the main thread: events, pruning, status, drills."""
+    cfg = run.cfg
+    while not run.save_results.empty():
+        path, err, snap = run.save_results.get()
+        if err is not None or path is None:
+            run.event("checkpoint_failed", snap.step, reason=str(err))
+            continue
+        deleted = ckpt.prune(run.run_dir.checkpoints, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric)
+        written_s = time.time() - snap.state.get("snapshot_time", time.time())
+        run.ckpt_policy.record_save(written_s)
+        run.event("checkpoint", snap.step, path=path.name, reason=snap.state.get("reason"), seconds=round(written_s, 3),
+                  deleted=[p.name for p in deleted])
+        run.report_status(last_checkpoint=path.name)
+        run.faults.after_save(path, snap.step)
 
 
 def update_best(run: Run, state: TrainState, metrics: dict[str, float]) -> bool:
@@ -581,17 +722,20 @@ def log_step(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
     run.run_dir.append_metrics(record)
     for sink in run.sinks:
         sink.log(state.step, record)
-    run.run_dir.write_status(state="running", step=state.step, pid=os.getpid(), last_heartbeat=time.time())
+    run.report_status(state="running", step=state.step)
 
 
 def train_step(run: Run, state: TrainState) -> dict[str, float]:
     """One RL step: sample -> score -> advantages -> update. Returns the step's metrics."""
     t0 = time.perf_counter()
+    run.heartbeat.beat(phase="sample")
     rollouts = sample_phase(run, state)
     t1 = time.perf_counter()
-    score_phase(run, rollouts)
+    run.heartbeat.beat(phase="score")
+    metrics = score_phase(run, state, rollouts)
     t2 = time.perf_counter()
-    metrics = rollout_metrics(run, rollouts)
+    run.heartbeat.beat(phase="update")
+    metrics.update(rollout_metrics(run, rollouts))
     metrics.update(advantage_phase(run, rollouts))
     batch, prep = prepare_batch(run, state, rollouts)
     metrics.update(prep)
@@ -616,7 +760,8 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
 
 
 def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dict[str, Any]:
-    """Run (or resume) RL training into `run_path`; returns the summary written to summary.json."""
+    """Run (or resume) RL training into `run_path`; returns the summary written to summary.json (or
+    {"state": "preempted"} when a SIGTERM asked the run to checkpoint and stop)."""
     run, state = setup(cfg, run_path, resume)
     world = run.world
     if run.console is not None:
@@ -624,29 +769,61 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             f"keelrl: {cfg.model.path} ({model_summary(state.policy)['parameters'] / 1e6:.2f}M params) on "
             f"{cfg.task.name} [{run.template}], {cfg.train.steps} steps, run dir {run.run_dir.path}; {world.describe()}"
         )
-    run.run_dir.write_status(state="running", step=state.step, pid=os.getpid(), started=run.started)
+    previous_handler = _install_sigterm(run)
+    install_heartbeat(run.heartbeat)
+    run.report_status(state="running", step=state.step, started=run.started)
     try:
         if state.step == 0 and cfg.eval.at_start:
+            run.heartbeat.beat(phase="eval")
             initial = eval_phase(run, state)
             update_best(run, state, initial)
             log_step(run, state, initial)
         while state.step < cfg.train.steps:
             metrics = train_step(run, state)
             if is_eval_step(cfg, state.step):
+                run.heartbeat.beat(phase="eval")
                 metrics.update(eval_phase(run, state))
             new_best = update_best(run, state, metrics)
             log_step(run, state, metrics)
-            every = cfg.checkpoint.every_steps
-            if (every and state.step % every == 0) or (new_best and cfg.checkpoint.keep_best and state.step < cfg.train.steps):
-                save_checkpoint(run, state, metrics, "best" if new_best else "interval")
+            keep_best = new_best and cfg.checkpoint.keep_best > 0 and state.step < cfg.train.steps
+            if run.ckpt_policy.due(state.step) or keep_best or run.faults.save_forced(state.step):
+                save_checkpoint(run, state, metrics, "best" if keep_best else "interval")
+            collect_saves(run)
+            run.faults.after_step(state.step)
+            if run.stop_requested:
+                return preempt(run, state, metrics)
         summary = finish(run, state)
     except BaseException:
-        run.run_dir.write_status(state="failed", step=state.step)
+        run.report_status(state="failed", step=state.step)
         raise
     finally:
+        if run.saver is not None:
+            run.saver.wait()
+        install_heartbeat(None)
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
         for sink in run.sinks:
             sink.close()
     return summary
+
+
+def _install_sigterm(run: Run) -> Any:
+    """SIGTERM (preemption, or the supervisor passing one on) asks for a checkpoint at the end of the step."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, _frame: Any) -> None:
+        run.stop_requested = True
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def preempt(run: Run, state: TrainState, metrics: dict[str, float]) -> dict[str, Any]:
+    save_checkpoint(run, state, metrics, "preempted", wait=True)
+    collect_saves(run)
+    run.event("preempted", state.step, action="checkpoint saved, exiting cleanly")
+    run.report_status(state="preempted", step=state.step)
+    return {"state": "preempted", "steps": state.step}
 
 
 def finish(run: Run, state: TrainState) -> dict[str, Any]:
@@ -655,7 +832,10 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
     final_eval = state.last_eval if state.last_eval.get("step") == state.step else {}
     latest = ckpt.committed(run.run_dir.checkpoints)
     if not latest or latest[0].name != ckpt.step_dir_name(state.step):
-        save_checkpoint(run, state, final_eval, "final")
+        save_checkpoint(run, state, final_eval, "final", wait=True)
+    if run.saver is not None:
+        run.saver.wait()
+    collect_saves(run)
     summary: dict[str, Any] = {}
     if run.world.is_writer:
         save_hf_dir(state.policy, run.tokenizer, run.run_dir.final_dir)
@@ -670,7 +850,8 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
             "final_dir": str(run.run_dir.final_dir),
             "wall_seconds": time.time() - run.started,
             "model": model_summary(state.policy),
+            "checkpoint_stalls": [{"step": st, "stall_s": round(a, 4), "total_s": round(b, 4)} for st, a, b in run.save_stalls],
         }
         run.run_dir.write_summary(summary)
-        run.run_dir.write_status(state="finished", step=state.step)
+        run.report_status(state="finished", step=state.step)
     return summary

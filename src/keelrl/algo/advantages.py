@@ -56,7 +56,9 @@ def rloo(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return (g - others_mean).flatten()
 
 
-def reinforce_pp(rewards: torch.Tensor, group_size: int, group_baseline: bool, std_eps: float = 1e-6) -> torch.Tensor:
+def reinforce_pp(
+    rewards: torch.Tensor, group_size: int, group_baseline: bool, std_eps: float = 1e-6
+) -> torch.Tensor:
     x = dr_grpo(rewards, group_size) if group_baseline else rewards.clone()
     return (x - x.mean()) / (x.std(correction=0) + std_eps)
 

@@ -28,7 +28,11 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tenso
 def _head_is_plain(model: PreTrainedModel) -> bool:
     """True when logits = lm_head(final hidden state), with no soft-capping or scaling after the head."""
     cfg = model.config
-    return not getattr(cfg, "final_logit_softcapping", None) and getattr(cfg, "logit_scale", None) in (None, 1, 1.0)
+    return not getattr(cfg, "final_logit_softcapping", None) and getattr(cfg, "logit_scale", None) in (
+        None,
+        1,
+        1.0,
+    )
 
 
 def completion_logprobs(

@@ -83,7 +83,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KL
     raise ValueError(f"unknown KL estimator {estimator!r}")
 
 
-def truncated_is_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+def truncated_is_weights(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
     """min(pi_old / pi_sampler, cap) per token, without gradient: corrects for a sampler whose numerics
     differ from the trainer's (truncated importance sampling)."""
     return torch.exp((old_logprobs - sampler_logprobs).clamp(-20.0, 20.0)).clamp_max(cap).detach()

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 CONSOLE_KEYS = (
     ("reward/mean", "reward", "{:.3f}"),
@@ -43,7 +50,9 @@ def format_metrics(metrics: dict[str, Any]) -> str:
 class ConsoleSink:
     """A progress bar with ETA on a terminal; plain lines (every `every` steps) otherwise."""
 
-    def __init__(self, total_steps: int, start_step: int, every: int, progress: bool, description: str = "train") -> None:
+    def __init__(
+        self, total_steps: int, start_step: int, every: int, progress: bool, description: str = "train"
+    ) -> None:
         self.every = every
         self.console = Console(stderr=True)
         self.live = progress and sys.stderr.isatty()
@@ -61,7 +70,9 @@ class ConsoleSink:
                 transient=False,
             )
             self.progress.start()
-            self.task_id = self.progress.add_task(description, total=total_steps, completed=start_step, line="")
+            self.task_id = self.progress.add_task(
+                description, total=total_steps, completed=start_step, line=""
+            )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         line = format_metrics(metrics)
@@ -71,7 +82,7 @@ class ConsoleSink:
             self.console.print(f"step {step:>5}  {line}", highlight=False)
 
     def message(self, text: str) -> None:
-        self.console.print(text, highlight=False)
+        self.console.print(text, highlight=False, markup=False)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -84,11 +95,17 @@ class TensorBoardSink:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops events written after the restored step by the interrupted attempt
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=resume_step + 1 if resume_step > 0 else None)
+        self.writer = SummaryWriter(
+            log_dir=str(log_dir), purge_step=resume_step + 1 if resume_step > 0 else None
+        )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         for key, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "time"):
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and key not in ("step", "time")
+            ):
                 self.writer.add_scalar(key, value, step)
         self.writer.flush()
 

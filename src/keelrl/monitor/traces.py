@@ -17,6 +17,8 @@ def repetition_rate(tokens: Sequence[int], n: int = REPETITION_N) -> float:
     return 1.0 - len(set(grams)) / len(grams)
 
 
-def is_repetitive(tokens: Sequence[int], n: int = REPETITION_N, threshold: float = REPETITION_THRESHOLD) -> bool:
+def is_repetitive(
+    tokens: Sequence[int], n: int = REPETITION_N, threshold: float = REPETITION_THRESHOLD
+) -> bool:
     """More than `threshold` of the n-grams are repeats: e.g. a 4-token loop repeated 3 times or more."""
     return repetition_rate(tokens, n) > threshold

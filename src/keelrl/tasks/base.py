@@ -62,6 +62,15 @@ class Task(Protocol):
         ...
 
 
+def score_batch(task: Task, problems: list[dict[str, Any]], completions: list[str]) -> list[Score]:
+    """Score many completions: the task's own `score_many` when it has one (e.g. the code task runs its
+    sandboxes in parallel), otherwise `score` one by one."""
+    many = getattr(task, "score_many", None)
+    if many is not None:
+        return list(many(problems, completions))
+    return [task.score(p, c) for p, c in zip(problems, completions)]
+
+
 class TaskParams(BaseModel):
     """Base of each task's parameter model: unknown parameters are errors."""
 

@@ -34,7 +34,11 @@ from keelrl.tasks.base import (
     SYSTEM_BASE,
     SYSTEM_CHAT,
     THINK_PREFIX,
-    Prompt, Score, Split, TaskParams, Template, 
+    Prompt,
+    Score,
+    Split,
+    TaskParams,
+    Template,
     in_test_split,
     last_answer,
     stable_hash,
@@ -58,7 +62,9 @@ class CountdownParams(TaskParams):
     max_number: int = Field(99, ge=1, le=10_000, description="Largest number drawn.")
     min_target: int = Field(1, ge=1, description="Smallest target accepted.")
     max_target: int = Field(999, ge=1, description="Largest target accepted.")
-    test_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of number multisets reserved for the test split.")
+    test_fraction: float = Field(
+        0.1, gt=0.0, lt=1.0, description="Share of number multisets reserved for the test split."
+    )
 
     @model_validator(mode="after")
     def _ranges(self) -> CountdownParams:
@@ -185,7 +191,9 @@ def check_expression(expression: str, numbers: list[int]) -> Fraction:
     parser = _Parser(_tokenize(expression))
     tree = parser.parse()
     if sorted(parser.numbers) != sorted(numbers):
-        raise InvalidExpression("wrong_numbers", f"used {sorted(parser.numbers)}, must use each of {sorted(numbers)} once")
+        raise InvalidExpression(
+            "wrong_numbers", f"used {sorted(parser.numbers)}, must use each of {sorted(numbers)} once"
+        )
     return _evaluate(tree)
 
 
@@ -207,7 +215,11 @@ def score_countdown(numbers: list[int], target: int, completion: str) -> Score:
     if stated is not None and Fraction(stated) != value:
         return Score(0.1, False, {"formatted": True, "reason": "wrong_stated_value", "answer": answer[:80]})
     if value != target:
-        return Score(0.1, False, {"formatted": True, "reason": "wrong_value", "value": str(value), "answer": answer[:80]})
+        return Score(
+            0.1,
+            False,
+            {"formatted": True, "reason": "wrong_value", "value": str(value), "answer": answer[:80]},
+        )
     return Score(1.0, True, {"formatted": True, "reason": "correct", "answer": answer[:80]})
 
 
@@ -257,7 +269,9 @@ class Countdown:
             if made is None or not p.min_target <= made[1] <= p.max_target:
                 continue
             return {"numbers": numbers, "target": made[1]}
-        raise RuntimeError(f"countdown: no {split} problem found for index {index} with {p}; widen the ranges")
+        raise RuntimeError(
+            f"countdown: no {split} problem found for index {index} with {p}; widen the ranges"
+        )
 
     def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
         numbers, target = problem["numbers"], problem["target"]

@@ -18,7 +18,11 @@ from keelrl.tasks.base import (
     SYSTEM_BASE,
     SYSTEM_CHAT,
     THINK_PREFIX,
-    Prompt, Score, Split, TaskParams, Template, 
+    Prompt,
+    Score,
+    Split,
+    TaskParams,
+    Template,
     in_test_split,
     last_answer,
     stable_hash,
@@ -35,7 +39,9 @@ _INTEGER_RE = re.compile(r"^\s*(-?\d{1,3}(?:[,_]\d{3})+|-?\d{1,40})\s*$")
 class MultiplyParams(TaskParams):
     digits_a: int = Field(3, ge=1, le=12, description="Digits of the first factor.")
     digits_b: int = Field(3, ge=1, le=12, description="Digits of the second factor.")
-    test_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of factor pairs reserved for the test split.")
+    test_fraction: float = Field(
+        0.1, gt=0.0, lt=1.0, description="Share of factor pairs reserved for the test split."
+    )
 
 
 def parse_integer(text: str) -> int | None:
@@ -64,7 +70,9 @@ class Multiply:
         a, b = problem["a"], problem["b"]
         if template == "compact":
             return Prompt("", f"{a}*{b}", "<answer>")
-        return Prompt(SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, USER_TEXT.format(a=a, b=b), THINK_PREFIX)
+        return Prompt(
+            SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, USER_TEXT.format(a=a, b=b), THINK_PREFIX
+        )
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         answer = last_answer(completion)

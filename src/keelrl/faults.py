@@ -1,0 +1,108 @@
+"""Chaos drills (`[faults]`): inject the failures a long run meets, on purpose, to rehearse recovery.
+
+Every fault fires at most once per run: before firing it is written to events.jsonl as kind "fault",
+and a restarted worker reads the events to know what already fired, so the restart a fault causes does
+not trigger it again. All faults are off by default.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from keelrl import checkpoint as ckpt
+from keelrl.config import FaultsConfig
+from keelrl.monitor.run_dir import RunDir
+from keelrl.tasks.base import Score, stable_hash
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a drill; a real run never raises it."""
+
+
+class FaultInjector:
+    def __init__(self, cfg: FaultsConfig, run_dir: RunDir | None, seed: int = 0) -> None:
+        """`run_dir` None (ranks other than 0) means: never fire."""
+        self.cfg = cfg if run_dir is not None else FaultsConfig()
+        self.run_dir = run_dir
+        self.seed = seed
+        self.fired = {e.get("fault") for e in run_dir.events() if e.get("kind") == "fault"} if run_dir else set()
+
+    def _fire(self, name: str, step: int, **fields: Any) -> bool:
+        """Record and return True the first time `name` fires in this run; False ever after."""
+        if name in self.fired:
+            return False
+        self.fired.add(name)
+        assert self.run_dir is not None
+        self.run_dir.event("fault", step, fault=name, injected=True, **fields)
+        return True
+
+    def after_step(self, step: int) -> None:
+        if self.cfg.crash_at_step and step == self.cfg.crash_at_step and self._fire("crash_at_step", step):
+            raise InjectedFault(f"injected fault: crash_at_step={step}")
+        if self.cfg.hang_at_step and step == self.cfg.hang_at_step and self._fire("hang_at_step", step):
+            while True:  # no heartbeats from here on: the supervisor must notice
+                time.sleep(3600)
+
+    def save_forced(self, step: int) -> bool:
+        """True when a drill needs a checkpoint at this step even if the interval does not call for one."""
+        return bool(self.cfg.kill_during_save_at_step) and step == self.cfg.kill_during_save_at_step and (
+            "kill_during_save_at_step" not in self.fired
+        )
+
+    def before_save(self, step: int) -> None:
+        """Arm a kill in the middle of this step's checkpoint write (after the weights file, before the manifest)."""
+        ckpt.WRITE_HOOK = None
+        if self.cfg.kill_during_save_at_step and step == self.cfg.kill_during_save_at_step and self._fire(
+            "kill_during_save_at_step", step
+        ):
+
+            def hook(fname: str) -> None:
+                if fname == ckpt.TRAINER_STATE:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            ckpt.WRITE_HOOK = hook
+
+    def after_save(self, path: Path, step: int) -> None:
+        if self.cfg.corrupt_latest_checkpoint and self._fire("corrupt_latest_checkpoint", step, checkpoint=path.name):
+            weights = path / ckpt.WEIGHTS
+            with open(weights, "r+b") as f:
+                f.seek(weights.stat().st_size // 2)
+                chunk = f.read(64)
+                f.seek(-len(chunk), os.SEEK_CUR)
+                f.write(bytes(b ^ 0xFF for b in chunk))
+            raise InjectedFault(f"injected fault: corrupted {path.name}/{ckpt.WEIGHTS} and crashed")
+
+    def corrupt_gradients(self, step: int, model: torch.nn.Module) -> None:
+        """Called after backward, before the optimizer step of RL step `step` (1-based)."""
+        if self.cfg.nan_grad_at_step and step == self.cfg.nan_grad_at_step and self._fire("nan_grad_at_step", step):
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+
+    @property
+    def wraps_scoring(self) -> bool:
+        return bool(self.cfg.reward_error_rate or self.cfg.reward_stall_s)
+
+    def wrap_score(self, score: Callable[[dict[str, Any], str], Score], step: int) -> Callable[[dict[str, Any], str], Score]:
+        if not self.wraps_scoring:
+            return score
+        calls = [0]
+
+        def wrapped(problem: dict[str, Any], completion: str) -> Score:
+            calls[0] += 1
+            if self.cfg.reward_stall_s and self._fire("reward_stall_s", step, seconds=self.cfg.reward_stall_s):
+                time.sleep(self.cfg.reward_stall_s)
+            rng = random.Random(stable_hash("reward_error", self.seed, step, calls[0]))
+            if rng.random() < self.cfg.reward_error_rate:
+                raise InjectedFault("injected fault: reward function error")
+            return score(problem, completion)
+
+        return wrapped

@@ -1,0 +1,286 @@
+"""The parent process: runs training in a child ("worker"), restarts it when it crashes or hangs, and turns
+preemption signals into a clean checkpoint-and-exit.
+
+    keelrl train CONFIG ...   ->  supervise()  --spawns-->  python -m keelrl worker CONFIG ... --resume auto
+
+Liveness. The worker writes `RUN/heartbeat.json` (step, phase, last checkpoint) from its main thread at
+every phase boundary and inside the long loops (token by token while sampling, micro-batch by
+micro-batch while training), at most once a second. A background thread would keep beating while the
+main thread is stuck, so there is none. No heartbeat for `supervisor.hang_timeout_s` (or
+`startup_timeout_s` before the first one) means hung: the worker's process group is SIGKILLed and the run
+restarts from its last checkpoint. A SIGSTOPped worker is caught the same way.
+
+Crashes. A non-zero exit or a death by signal (an OOM kill is SIGKILL) restarts the worker after a
+backoff that doubles with consecutive restarts (capped at 60 s), at most `max_restarts` times per
+`restart_window_s`. When `crash_loop_restarts` consecutive attempts die without getting past the step
+the previous one died at, the supervisor stops and says so, with the tail of the worker's log, instead
+of burning the budget.
+
+Preemption. SIGTERM or SIGINT to the supervisor is forwarded to the worker as SIGTERM; the worker
+finishes its current step, saves a checkpoint and exits 0 with state "preempted". A second SIGINT/SIGTERM
+kills the worker at once.
+
+status.json belongs to the supervisor while it runs (state, step, pid, worker_pid, restarts,
+last_checkpoint, last_heartbeat); every restart is an event in events.jsonl with its cause and the steps
+lost. A worker started without a supervisor (`--no-supervisor`, or `keelrl.trainer.train` called from
+Python) writes status.json itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from keelrl.config import SupervisorConfig
+from keelrl.monitor.run_dir import RunDir, atomic_write_text
+
+HEARTBEAT_FILE = "heartbeat.json"
+WORKER_LOG = "worker.log"
+ENV_SUPERVISED = "KEELRL_SUPERVISED"
+POLL_S = 0.25
+
+
+class Heartbeat:
+    """Written by the worker's main thread; cheap enough to call from inner loops (throttled to 1/s)."""
+
+    def __init__(self, run_path: Path, enabled: bool = True, min_interval_s: float = 1.0) -> None:
+        self.path = run_path / HEARTBEAT_FILE
+        self.enabled = enabled
+        self.min_interval_s = min_interval_s
+        self.fields: dict[str, Any] = {"pid": os.getpid(), "state": "starting"}
+        self._last = 0.0
+
+    def beat(self, force: bool = False, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        self.fields.update(fields)
+        now = time.time()
+        if force or now - self._last >= self.min_interval_s:
+            self._last = now
+            atomic_write_text(self.path, json.dumps({**self.fields, "time": now}))
+
+
+_CURRENT: Heartbeat | None = None
+
+
+def install_heartbeat(hb: Heartbeat | None) -> None:
+    """Make `pulse()` beat `hb` (the worker's main thread installs its heartbeat once at start)."""
+    global _CURRENT
+    _CURRENT = hb
+
+
+def pulse(**fields: Any) -> None:
+    """A liveness signal from inside long loops (sampling, training); a no-op when no heartbeat is installed."""
+    if _CURRENT is not None:
+        _CURRENT.beat(**fields)
+
+
+def read_heartbeat(run_path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_path / HEARTBEAT_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+@dataclass
+class Attempt:
+    """One worker life."""
+
+    started: float
+    start_step: int | None
+    end_step: int | None = None
+    returncode: int | None = None
+    cause: str = ""
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (out of memory, or killed from outside)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with status {code}"
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16_000))
+            text = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class Supervisor:
+    def __init__(self, worker_argv: list[str], run_path: Path, cfg: SupervisorConfig) -> None:
+        self.worker_argv = worker_argv
+        self.run_dir = RunDir(run_path)
+        self.cfg = cfg
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stop_signals = 0
+        self.attempts: list[Attempt] = []
+        self.restart_times: deque[float] = deque()
+        self.restarts = 0
+
+    # signals -------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_signals += 1
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if self.stop_signals == 1:
+            self.run_dir.event("preempt", self._step() or 0, signal=signal.Signals(signum).name,
+                               action="worker asked to checkpoint and exit")
+            self.proc.send_signal(signal.SIGTERM)
+        else:
+            self._kill_worker()
+
+    def _step(self) -> int | None:
+        hb = read_heartbeat(self.run_dir.path)
+        return None if hb is None else hb.get("step")
+
+    def _kill_worker(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    # main loop -----------------------------------------------------------------------------------
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self._loop()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            self._kill_worker()
+
+    def _loop(self) -> int:
+        first = True
+        while True:
+            attempt = self._start(resume_auto=not first)
+            first = False
+            cause = self._watch(attempt)
+            hb = read_heartbeat(self.run_dir.path) or {}
+            attempt.end_step = hb.get("step")
+            if cause == "exit" and attempt.returncode == 0:
+                state = hb.get("state", "finished")
+                self._status(state=state)
+                return 0
+            if self.stop_signals:
+                self._status(state="stopped")
+                return 130
+            if attempt.returncode == 2 and cause == "exit":  # a user error: restarting cannot help
+                self._status(state="failed")
+                sys.stderr.write(_log_tail(self.run_dir.path / WORKER_LOG, 5) + "\n")
+                return 2
+            verdict = self._should_restart(attempt)
+            if verdict is not None:
+                self.run_dir.event("gave_up", attempt.end_step or 0, reason=verdict)
+                self._status(state="failed", reason=verdict)
+                sys.stderr.write(f"keelrl supervisor: {verdict}\n")
+                return 1
+            delay = min(60.0, self.cfg.backoff_s * 2 ** max(0, self._consecutive_failures() - 1))
+            restored = self._restore_step()
+            lost = max(0, (attempt.end_step or 0) - (restored or 0))
+            self.restarts += 1
+            self.restart_times.append(time.time())
+            self.run_dir.event(
+                "restart", attempt.end_step or 0, cause=attempt.cause, resume_from=restored, steps_lost=lost,
+                restarts=self.restarts, delay_s=delay,
+            )
+            self._status(state="restarting", restarts=self.restarts)
+            time.sleep(delay)
+
+    def _start(self, resume_auto: bool) -> Attempt:
+        argv = list(self.worker_argv)
+        if resume_auto and "--resume" in argv:  # restarts always continue from the newest valid checkpoint
+            i = argv.index("--resume")
+            argv = [*argv[:i], *argv[i + 2 :]]
+        if resume_auto:
+            argv += ["--resume", "auto"]
+        log = open(self.run_dir.path / WORKER_LOG, "ab")
+        env = {**os.environ, ENV_SUPERVISED: "1"}
+        (self.run_dir.path / HEARTBEAT_FILE).unlink(missing_ok=True)
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        attempt = Attempt(started=time.time(), start_step=self._restore_step())
+        self.attempts.append(attempt)
+        self._status(state="running", worker_pid=self.proc.pid, restarts=self.restarts)
+        return attempt
+
+    def _watch(self, attempt: Attempt) -> str:
+        assert self.proc is not None
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                attempt.returncode = code
+                attempt.cause = _describe_exit(code)
+                return "exit"
+            hb = read_heartbeat(self.run_dir.path)
+            now = time.time()
+            if hb is None:
+                if now - attempt.started > self.cfg.startup_timeout_s:
+                    return self._hung(attempt, f"no heartbeat within supervisor.startup_timeout_s={self.cfg.startup_timeout_s:g}")
+            else:
+                self._status(state=hb.get("state", "running"), step=hb.get("step"), last_heartbeat=hb.get("time"),
+                             last_checkpoint=hb.get("last_checkpoint"), worker_pid=self.proc.pid)
+                if now - float(hb.get("time", now)) > self.cfg.hang_timeout_s:
+                    return self._hung(attempt, f"no heartbeat for {now - float(hb['time']):.0f} s "
+                                               f"(supervisor.hang_timeout_s={self.cfg.hang_timeout_s:g}) in phase {hb.get('phase')}")
+            time.sleep(POLL_S)
+
+    def _hung(self, attempt: Attempt, why: str) -> str:
+        self._kill_worker()
+        attempt.returncode = self.proc.returncode if self.proc else None
+        attempt.cause = f"hung: {why}"
+        return "hang"
+
+    def _restore_step(self) -> int | None:
+        from keelrl import checkpoint as ckpt
+
+        path, _ = ckpt.find_resumable(self.run_dir.checkpoints)
+        return None if path is None else int(ckpt.read_manifest(path)["step"])
+
+    def _consecutive_failures(self) -> int:
+        """Failures within the restart window (a crash after a long healthy stretch starts the backoff over)."""
+        return len(self.restart_times) + 1
+
+    def _should_restart(self, attempt: Attempt) -> str | None:
+        now = time.time()
+        while self.restart_times and now - self.restart_times[0] > self.cfg.restart_window_s:
+            self.restart_times.popleft()
+        if len(self.restart_times) >= self.cfg.max_restarts:
+            return (f"the worker failed {len(self.restart_times) + 1} times within {self.cfg.restart_window_s:g} s "
+                    f"(supervisor.max_restarts={self.cfg.max_restarts}); last failure: {attempt.cause}")
+        n = self.cfg.crash_loop_restarts
+        recent = self.attempts[-n:]
+        if len(recent) == n and len({a.end_step for a in recent}) == 1:
+            tail = _log_tail(self.run_dir.path / WORKER_LOG)
+            return (f"crash loop: {n} attempts in a row died at step {attempt.end_step} ({attempt.cause}). Restarting "
+                    f"again would fail the same way; fix the cause and resume with the same command. "
+                    f"Last lines of {WORKER_LOG}:\n{tail}")
+        return None
+
+    def _status(self, **fields: Any) -> None:
+        self.run_dir.write_status(pid=os.getpid(), **{k: v for k, v in fields.items() if v is not None})
+
+
+def supervise(worker_argv: list[str], run_path: Path, cfg: SupervisorConfig) -> int:
+    """Run `worker_argv` under supervision until it finishes, is stopped, or gives up. Returns an exit code."""
+    run_path.mkdir(parents=True, exist_ok=True)
+    return Supervisor(worker_argv, run_path, cfg).run()

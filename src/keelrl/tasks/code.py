@@ -1,0 +1,341 @@
+"""Programming: write a Python function from a specification; hidden unit tests decide.
+
+Problem: `{"id": str, "prompt": str, "entry_point": str, "tests": [str, ...]}` plus optional
+`"difficulty"` (a bucket name, e.g. easy / medium / hard) and `"reference"` (a known-correct solution).
+Each test is a Python statement such as `assert f(2) == 4`, run after the solution in its namespace.
+The shipped set (`keelrl/data/code_problems.jsonl`) was written for keelrl: 73 problems, 24 easy, 27
+medium, 22 hard, each with 4-7 tests and a reference solution that the test suite checks passes. Users
+can give their own JSONL file (`problems_file`); it is validated up front, and every error names the
+line and the field.
+
+Splits: a problem is in the test split when `in_test_split(id, seed, test_fraction)` says so (a hash
+of the id), so train and test never share a problem and adding problems to a file does not move the
+others. `problem(split, i)` walks a seeded permutation of the split, a new one each pass.
+
+Answer: the last complete fenced code block of the completion tagged python / py / python3 or untagged
+(a closing fence alone on its line is required; blocks tagged as another language, e.g. example output,
+are skipped; see `extract_code`).
+Reward: 1.0 when every test passes; 0.1 for a code block that fails (does not compile, raises, is
+wrong, times out...); 0.0 without a code block. With `partial_credit`, a failing block earns
+0.1 + 0.9 x passed / total instead (always < 1.0, so only a full pass reaches 1.0). `Score.correct` is
+True only when all tests pass; `info["reason"]` is the sandbox status (`ok`, `wrong_answer`, `timeout`,
+`memory`, `crash`, `syntax_error`, `runtime_error`, `output_limit`), or `no_code` / `too_long`.
+
+Execution: `keelrl.sandbox` (see its docstring for the isolation levels and what is defended). `score`
+runs one sandboxed execution; `score_many` runs a batch on a process-wide `SandboxPool` (one per
+isolation setting and size), which is what a trainer should call. If the sandbox itself keeps failing
+(`sandbox_error` many times in a row), scoring raises instead of training on meaningless rewards.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import threading
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from keelrl.sandbox import ExecResult, Job, SandboxError, SandboxLimits, SandboxPool
+from keelrl.tasks import TaskError
+from keelrl.tasks.base import (
+    THINK_PREFIX,
+    Prompt,
+    Score,
+    Split,
+    TaskParams,
+    Template,
+    in_test_split,
+    stable_hash,
+)
+
+logger = logging.getLogger("keelrl.tasks.code")
+
+SYSTEM_CODE_BASE = (
+    "A conversation between User and Assistant. The user asks for a Python function, and the Assistant writes "
+    "it. The assistant first thinks about the problem in the mind and then gives the complete solution."
+)
+SYSTEM_CODE_CHAT = (
+    "You are a careful Python programmer. You first think about the problem and then give the complete "
+    "solution in one fenced Python code block."
+)
+USER_SUFFIX = (
+    "\n\nShow your reasoning in <think> </think> tags, then give the complete function in a single ```python "
+    "code block. Use only the Python standard library, and do not read input or print."
+)
+PYTHON_TAGS = ("python", "py", "python3", "")
+MAX_CONSECUTIVE_SANDBOX_ERRORS = 20
+REQUIRED_FIELDS = {"id": str, "prompt": str, "entry_point": str, "tests": list}
+OPTIONAL_FIELDS = {"difficulty": str, "reference": str}
+
+
+def shipped_problems_path() -> Path:
+    return Path(str(resources.files("keelrl") / "data" / "code_problems.jsonl"))
+
+
+class CodeParams(TaskParams):
+    problems_file: str | None = Field(
+        None,
+        description="JSONL file of problems ({id, prompt, entry_point, tests, [difficulty], [reference]} per line); "
+        "default: the shipped set of 73 problems.",
+    )
+    test_fraction: float = Field(
+        0.25,
+        gt=0.0,
+        lt=1.0,
+        description="Share of problems held out for the test split (chosen by a hash of the id).",
+    )
+    partial_credit: bool = Field(
+        False,
+        description="Reward a failing solution 0.1 + 0.9 x passed/total instead of a flat 0.1 (never 1.0).",
+    )
+    timeout_s: float = Field(
+        5.0, gt=0.0, le=600.0, description="Wall-clock limit per execution (seconds); CPU limit too."
+    )
+    memory_mb: int = Field(
+        512, ge=64, le=1 << 20, description="Address-space limit per process of an execution (MB)."
+    )
+    max_processes: int = Field(
+        8, ge=1, le=4096, description="Processes and threads an execution may have (fork bombs)."
+    )
+    max_code_chars: int = Field(
+        20_000, ge=1, description="Longer code blocks are not run (reason too_long, reward 0.1)."
+    )
+    isolation: Literal["auto", "bwrap", "unshare", "rlimit"] = Field(
+        "auto",
+        description="Sandbox isolation: auto picks the strongest available (bwrap > unshare > rlimit).",
+    )
+    workers: int = Field(0, ge=0, description="Sandboxes score_many runs at once; 0 means one per CPU.")
+
+
+# ----------------------------------------------------------------------------------------- problem files
+
+
+def _field_error(where: str, field: str, message: str) -> TaskError:
+    return TaskError(f"{where}: field `{field}`: {message}")
+
+
+def validate_problem(obj: Any, where: str) -> dict[str, Any]:
+    """Check one problem dict; `where` (e.g. 'problems.jsonl line 3') starts every error message."""
+    if not isinstance(obj, dict):
+        raise TaskError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    allowed = {**REQUIRED_FIELDS, **OPTIONAL_FIELDS}
+    for key in obj:
+        if key not in allowed:
+            raise _field_error(where, key, f"unknown field; allowed: {', '.join(allowed)}")
+    for key in REQUIRED_FIELDS:
+        if key not in obj:
+            raise _field_error(where, key, "missing (required: id, prompt, entry_point, tests)")
+    for key, typ in allowed.items():
+        if key in obj and not isinstance(obj[key], typ):
+            raise _field_error(where, key, f"must be a {typ.__name__}, got {type(obj[key]).__name__}")
+    for key in ("id", "prompt"):
+        if not obj[key].strip():
+            raise _field_error(where, key, "must not be empty")
+    if not obj["entry_point"].isidentifier():
+        raise _field_error(where, "entry_point", f"{obj['entry_point']!r} is not a Python identifier")
+    if not obj["tests"]:
+        raise _field_error(where, "tests", "needs at least one test statement")
+    for i, test in enumerate(obj["tests"]):
+        if not isinstance(test, str):
+            raise _field_error(where, f"tests[{i}]", f"must be a string, got {type(test).__name__}")
+        try:
+            compile(test, f"<test {i}>", "exec", dont_inherit=True)
+        except SyntaxError as err:
+            raise _field_error(
+                where, f"tests[{i}]", f"is not valid Python: {err.msg} ({test[:80]!r})"
+            ) from None
+    if "reference" in obj:
+        try:
+            compile(obj["reference"], "<reference>", "exec", dont_inherit=True)
+        except SyntaxError as err:
+            raise _field_error(
+                where, "reference", f"is not valid Python: {err.msg} (line {err.lineno})"
+            ) from None
+    return dict(obj)
+
+
+def load_problems(path: str | Path) -> list[dict[str, Any]]:
+    """Read and validate a problems JSONL file (blank lines allowed). Raises TaskError naming the line and
+    field of the first problem found."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise TaskError(f"cannot read problems file {p}: {err}") from None
+    problems: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{p} line {lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TaskError(f"{where}: not valid JSON: {err.msg} (column {err.colno})") from None
+        problem = validate_problem(obj, where)
+        if problem["id"] in seen:
+            raise _field_error(where, "id", f"{problem['id']!r} already used on line {seen[problem['id']]}")
+        seen[problem["id"]] = lineno
+        problems.append(problem)
+    if not problems:
+        raise TaskError(f"problems file {p} holds no problems")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------- extraction
+
+_OPEN_RE = re.compile(r"([A-Za-z0-9_+.-]*)[ \t]*\n")  # after ```: a language tag, then the line ends
+_CLOSE_RE = re.compile(r"[ \t]*(?:\n|$)")  # after ```: nothing else on the line
+
+
+def extract_code(completion: str) -> str | None:
+    """The last complete fenced block tagged python / py / python3 or untagged; None if there is none.
+
+    An opening fence is ``` followed by an optional tag and a newline, anywhere in a line (models write
+    `<think>...</think>```python`); a closing fence is ``` alone on its line (up to 3 spaces of indent).
+    Linear in the length of the text."""
+    found: str | None = None
+    open_tag: str | None = None
+    start = 0
+    i = completion.find("```")
+    while i >= 0:
+        after = i + 3
+        if open_tag is None:
+            m = _OPEN_RE.match(completion, after)
+            if m is not None:
+                open_tag, start = m.group(1).lower(), m.end()
+                after = m.end()
+        else:
+            line_start = completion.rfind("\n", 0, i) + 1
+            if (
+                completion[line_start:i].strip(" ") == ""
+                and i - line_start <= 3
+                and _CLOSE_RE.match(completion, after)
+            ):
+                if open_tag in PYTHON_TAGS:
+                    found = completion[start:line_start]
+                open_tag = None
+        i = completion.find("```", after)
+    return found
+
+
+# ------------------------------------------------------------------------------------------------ pools
+
+_pools: dict[tuple[str, int], SandboxPool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(isolation: str, workers: int) -> SandboxPool:
+    """One SandboxPool per (isolation, workers) per process, shared by every CodeTask (threads are idle
+    daemons when unused)."""
+    key = (isolation, workers)
+    with _pools_lock:
+        if key not in _pools:
+            _pools[key] = SandboxPool(workers or None, isolation=isolation)  # type: ignore[arg-type]
+        return _pools[key]
+
+
+# ------------------------------------------------------------------------------------------------- task
+
+
+class CodeTask:
+    """Python programming problems scored by unit tests in a sandbox."""
+
+    name = "code"
+
+    def __init__(self, seed: int = 0, **params: Any) -> None:
+        self.seed = seed
+        self.params = CodeParams(**params)
+        p = self.params
+        path = Path(p.problems_file) if p.problems_file else shipped_problems_path()
+        self.problems = load_problems(path)
+        self.splits: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
+        for problem in self.problems:
+            split = "test" if in_test_split(problem["id"], seed, p.test_fraction) else "train"
+            self.splits[split].append(problem)
+        for split, items in self.splits.items():
+            if not items:
+                raise TaskError(
+                    f"task code: the {split} split of {path} is empty ({len(self.problems)} problems, "
+                    f"test_fraction={p.test_fraction}); add problems or change test_fraction"
+                )
+        self.limits = SandboxLimits(wall_s=p.timeout_s, memory_mb=p.memory_mb, processes=p.max_processes)
+        self._sandbox_errors = 0
+        self._errors_lock = threading.Lock()
+
+    # -------------------------------------------------------------------------------- Task protocol
+
+    def problem(self, split: Split, index: int) -> dict[str, Any]:
+        items = self.splits[split]
+        epoch, pos = divmod(index, len(items))
+        order = list(range(len(items)))
+        random.Random(stable_hash("code", self.seed, split, epoch)).shuffle(order)
+        return dict(items[order[pos]])
+
+    def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
+        if template == "compact":
+            return Prompt("", problem["prompt"], "```python\n")
+        system = SYSTEM_CODE_CHAT if template == "chat" else SYSTEM_CODE_BASE
+        return Prompt(system, problem["prompt"] + USER_SUFFIX, THINK_PREFIX)
+
+    def score(self, problem: dict[str, Any], completion: str) -> Score:
+        return self.score_many([problem], [completion])[0]
+
+    def difficulty(self, problem: dict[str, Any]) -> str:
+        return str(problem.get("difficulty", "unknown"))
+
+    # ------------------------------------------------------------------------------------- batches
+
+    def score_many(self, problems: Sequence[dict[str, Any]], completions: Sequence[str]) -> list[Score]:
+        """Score a batch, running the sandboxed executions in parallel on the shared pool."""
+        if len(problems) != len(completions):
+            raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
+        scores: list[Score | None] = [None] * len(problems)
+        pending = []
+        for i, (problem, completion) in enumerate(zip(problems, completions)):
+            code = extract_code(completion)
+            if code is None:
+                scores[i] = Score(0.0, False, {"formatted": False, "reason": "no_code"})
+            elif len(code) > self.params.max_code_chars:
+                scores[i] = Score(0.1, False, {"formatted": True, "reason": "too_long", "chars": len(code)})
+            else:
+                pending.append((i, Job(code, problem["tests"], problem["entry_point"], self.limits)))
+        if pending:
+            pool = shared_pool(self.params.isolation, self.params.workers)
+            futures = [(i, pool.submit(job)) for i, job in pending]
+            for i, future in futures:
+                scores[i] = self._score_result(future.result())
+        return [s for s in scores if s is not None]
+
+    def _score_result(self, r: ExecResult) -> Score:
+        info: dict[str, Any] = {
+            "formatted": True,
+            "reason": r.status,
+            "passed": r.passed,
+            "total": r.total,
+            "exec_s": round(r.wall_s, 4),
+            "isolation": r.isolation,
+        }
+        if r.detail:
+            info["detail"] = r.detail[:300]
+        with self._errors_lock:
+            if r.status == "sandbox_error":
+                self._sandbox_errors += 1
+                logger.warning("code task: sandbox error: %s", r.detail)
+                if self._sandbox_errors >= MAX_CONSECUTIVE_SANDBOX_ERRORS:
+                    raise SandboxError(
+                        f"the sandbox failed {self._sandbox_errors} times in a row (last: {r.detail}); "
+                        "stopping rather than training on meaningless rewards"
+                    )
+                return Score(0.1, False, info)  # not the code's fault: no worse than a failing solution
+            self._sandbox_errors = 0
+        if r.status == "ok":
+            return Score(1.0, True, info)
+        reward = 0.1 + 0.9 * r.passed / r.total if self.params.partial_credit and r.total else 0.1
+        return Score(reward, False, info)

@@ -1,0 +1,419 @@
+"""The divergence rules (keelrl.guards) on synthetic metric streams: each rule fires on its pattern with
+the right severity and action, and every rule stays quiet on a healthy stream."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from keelrl import guards
+from keelrl.guards import (
+    Finding,
+    GuardsConfig,
+    check,
+    head,
+    metric_value,
+    robust_z,
+    scan,
+    strongest_action,
+    tail,
+)
+
+CFG = GuardsConfig()
+
+
+def healthy(n: int = 120, seed: int = 0, eval_every: int = 10) -> list[dict[str, Any]]:
+    """A plausible healthy GRPO run: reward and accuracy creep up, entropy drifts down a little, everything
+    else is steady with noise. Step 0 is an eval-only record, as the trainer writes it."""
+    rng = random.Random(seed)
+    t0 = 1_700_000_000.0
+    out: list[dict[str, Any]] = [{"step": 0, "time": t0, "eval/accuracy": 0.20, "eval/reward/mean": 0.25}]
+    for s in range(1, n + 1):
+        p = s / n
+        acc = 0.2 + 0.25 * p + rng.uniform(-0.03, 0.03)
+        rec: dict[str, Any] = {
+            "step": s,
+            "time": t0 + 2.0 * s + rng.uniform(0, 0.2),
+            "reward/mean": acc + 0.08 + rng.uniform(-0.02, 0.02),
+            "reward/std": 0.4,
+            "accuracy": acc,
+            "format_rate": 0.9,
+            "response_length/mean": 100 + rng.uniform(-5, 5),
+            "response_length/max": 180.0,
+            "response_length/truncated_frac": 0.05 + rng.uniform(-0.02, 0.02),
+            "repetition/frac": rng.choice([0.0, 0.0, 0.0, 0.03]),
+            "groups/no_signal_frac": 0.35 + rng.uniform(-0.1, 0.1),
+            "loss/policy": rng.uniform(-0.05, 0.05),
+            "loss/total": rng.uniform(-0.05, 0.05),
+            "entropy": 0.9 - 0.15 * p + rng.uniform(-0.02, 0.02),
+            "clipfrac/low": 0.01,
+            "clipfrac/high": 0.02,
+            "kl/old": 0.004 + rng.uniform(0, 0.002),
+            "kl/ref": 0.001 + 0.01 * p + rng.uniform(0, 0.001),
+            "mismatch/kl": 0.001 + rng.uniform(0, 0.001),
+            "grad_norm": 0.3 + rng.uniform(-0.05, 0.05),
+            "lr": 1e-6,
+            "guard/nonfinite_updates": 0.0,
+            "time/step_s": 2.0,
+            "throughput/tokens_per_s": 1000 + rng.uniform(-60, 60),
+        }
+        if s % eval_every == 0:
+            rec["eval/accuracy"] = 0.2 + 0.25 * p + rng.uniform(-0.02, 0.02)
+        out.append(rec)
+    return out
+
+
+def set_from(history: list[dict[str, Any]], start: int, **values: Any) -> list[dict[str, Any]]:
+    """Copy of history with keys (given with '/' written as '__') set on every record from step `start`
+    on; a callable value is called with the step."""
+    out = []
+    for rec in history:
+        rec = dict(rec)
+        if rec["step"] >= start and "reward/mean" in rec:
+            for k, v in values.items():
+                rec[k.replace("__", "/")] = v(rec["step"]) if callable(v) else v
+        out.append(rec)
+    return out
+
+
+def only(findings: list[Finding], name: str) -> Finding:
+    hits = [f for f in findings if f.name == name]
+    assert len(hits) == 1, f"expected one {name} finding, got {[(f.name, f.severity) for f in findings]}"
+    return hits[0]
+
+
+def severity(history: list[dict[str, Any]], name: str) -> str:
+    return only(check(history), name).severity
+
+
+# -------------------------------------------------------------------------------- healthy is quiet
+
+
+def test_healthy_stream_is_quiet_at_every_step() -> None:
+    h = healthy()
+    for end in range(1, len(h) + 1):
+        assert check(h[:end]) == [], f"false alarm at step {h[end - 1]['step']}"
+    assert scan(h) == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_healthy_stream_quiet_for_other_seeds(seed: int) -> None:
+    assert scan(healthy(seed=seed)) == []
+
+
+def test_rules_need_history_before_judging() -> None:
+    h = healthy(3)
+    assert check(h) == []
+    assert check([]) == []
+    assert scan([]) == []
+
+
+# ------------------------------------------------------------------------------ reading records
+
+
+def test_metric_value_reads_strings_and_tolerates_junk() -> None:
+    rec = {"a": "nan", "b": "inf", "c": "-inf", "d": 2, "e": True, "f": "oops", "g": None, "h": [1]}
+    assert math.isnan(metric_value(rec, "a") or 0.0)
+    assert metric_value(rec, "b") == math.inf
+    assert metric_value(rec, "c") == -math.inf
+    assert metric_value(rec, "d") == 2.0
+    assert metric_value(rec, "e") == 1.0
+    assert metric_value(rec, "f") is None
+    assert metric_value(rec, "g") is None
+    assert metric_value(rec, "h") is None
+    assert metric_value(rec, "missing") is None
+
+
+def test_tail_and_head_skip_missing_and_nonfinite() -> None:
+    h = [{"step": 0}, {"step": 1, "x": 1.0}, {"step": 2, "x": "nan"}, {"step": 3, "x": 3.0}, {"step": 4}]
+    assert tail(h, "x", 2) == [(1, 1.0), (3, 3.0)]
+    assert head(h, "x", 1) == [(1, 1.0)]
+    assert tail(h, "y", 3) == []
+
+
+def test_robust_z_worked_number() -> None:
+    # median 3, MAD 1 -> scale 1.4826; (6 - 3) / 1.4826 = 2.0235
+    assert robust_z(6.0, [1, 2, 3, 4, 5]) == pytest.approx(2.0235, abs=1e-4)
+    # a constant window does not divide by zero
+    assert math.isfinite(robust_z(2.0, [1.0] * 10))
+
+
+# ---------------------------------------------------------------------------- each rule fires
+
+
+def test_nonfinite_fires_on_nan_string_and_skipped_update() -> None:
+    h = healthy(30)
+    h[-1]["loss/total"] = "nan"
+    f = only(check(h), "nonfinite")
+    assert (f.severity, f.action, f.steps) == ("critical", "skip", (30, 30))
+    assert "loss/total" in f.message
+    h2 = healthy(30)
+    h2[-1]["guard/nonfinite_updates"] = 1.0
+    assert only(check(h2), "nonfinite").evidence["nonfinite_updates"] == 1.0
+
+
+def test_grad_spike_fires_on_a_tenfold_jump_not_on_noise() -> None:
+    h = healthy(40)
+    h[-1]["grad_norm"] = 3.0
+    f = only(check(h), "grad_spike")
+    assert (f.severity, f.action) == ("critical", "skip")
+    assert f.evidence["ratio"] == pytest.approx(10, rel=0.2)
+    h[-1]["grad_norm"] = 0.4  # 1.3x: within what healthy runs show
+    assert not [f for f in check(h) if f.name == "grad_spike"]
+
+
+def test_grad_spike_works_before_the_optimizer_step() -> None:
+    """The per-step use: append the pending step's grad norm to the history."""
+    h = healthy(40)
+    assert guards.grad_spike([*h, {"step": 41, "grad_norm": 5.0}], CFG.grad_spike) is not None
+    assert guards.grad_spike([*h, {"step": 41, "grad_norm": 0.31}], CFG.grad_spike) is None
+
+
+def test_exact_zero_severity_depends_on_whether_rewards_vary() -> None:
+    zero = {"loss__total": 0.0, "loss__policy": 0.0, "grad_norm": 0.0}
+    varied = set_from(healthy(30), 27, **zero)
+    f = only(check(varied), "exact_zero")
+    assert (f.severity, f.action, f.steps) == ("critical", "stop", (27, 30))
+    assert f.evidence["zero_steps"] == 4
+    # REFERENCE's silent failure: reward, loss and grad all exactly zero
+    dead = set_from(healthy(30), 27, **zero, reward__mean=0.0, reward__std=0.0, groups__no_signal_frac=1.0)
+    assert only(check(dead), "exact_zero").severity == "warning"
+    solved = set_from(healthy(30), 27, **zero, reward__mean=1.0, reward__std=0.0, groups__no_signal_frac=1.0)
+    assert only(check(solved), "exact_zero").severity == "info"
+    short = set_from(healthy(30), 29, **zero)
+    assert not [f for f in check(short) if f.name == "exact_zero"]
+    lr_off = set_from(healthy(30), 27, **zero, lr=0.0)
+    assert not [f for f in check(lr_off) if f.name == "exact_zero"]
+
+
+def test_entropy_collapse_warning_then_critical() -> None:
+    h = set_from(healthy(60), 41, entropy=0.18)  # 20% of the start (0.9)
+    f = only(check(h), "entropy_collapse")
+    assert f.severity == "warning" and f.evidence["fraction_left"] == pytest.approx(0.2, abs=0.01)
+    h = set_from(healthy(60), 41, entropy=0.05)
+    assert only(check(h), "entropy_collapse").severity == "critical"
+    assert "algo.lr" in only(check(h), "entropy_collapse").suggestion
+
+
+def test_entropy_explosion_needs_level_and_rise() -> None:
+    h = set_from(healthy(60), 51, entropy=2.5)
+    f = only(check(h), "entropy_explosion")
+    assert (f.severity, f.action) == ("critical", "rollback")
+    h = set_from(healthy(60), 51, entropy=1.5)
+    assert only(check(h), "entropy_explosion").severity == "warning"
+    # a random-init model sits near ln(vocab) from the start: high but not rising
+    flat_high = set_from(healthy(60), 1, entropy=4.56)
+    assert not [f for f in check(flat_high) if f.name.startswith("entropy")]
+
+
+def test_kl_blowup_on_kl_old_and_on_kl_ref_jump() -> None:
+    h = set_from(healthy(40), 36, kl__old=0.3)
+    f = only(check(h), "kl_blowup")
+    assert (f.severity, f.action) == ("critical", "rollback") and "kl_old" in f.evidence
+    h = set_from(healthy(60), 56, kl__ref=0.5)
+    f = only(check(h), "kl_blowup")
+    assert f.evidence["ratio"] > 10
+
+
+def test_mismatch_warning_and_critical() -> None:
+    assert severity(set_from(healthy(40), 36, mismatch__kl=0.03), "mismatch") == "warning"
+    f = only(check(set_from(healthy(40), 36, mismatch__kl=0.2, mismatch__max_abs=12.0)), "mismatch")
+    assert f.severity == "critical" and f.evidence["max_abs_logprob_gap"] == 12.0
+
+
+def test_length_explosion_only_without_accuracy_gain() -> None:
+    flat = set_from(healthy(60), 1, accuracy=0.3)
+    h = set_from(flat, 41, response_length__mean=320.0)
+    f = only(check(h), "length_explosion")
+    assert f.severity == "warning" and f.evidence["factor"] == pytest.approx(3.2, rel=0.1)
+    learning = set_from(healthy(60), 41, response_length__mean=320.0, accuracy=0.8)
+    assert not [f for f in check(learning) if f.name == "length_explosion"]
+
+
+def test_length_collapse_warning_and_critical() -> None:
+    assert severity(set_from(healthy(60), 41, response_length__mean=20.0), "length_collapse") == "warning"
+    assert severity(set_from(healthy(60), 41, response_length__mean=1.0), "length_collapse") == "critical"
+
+
+def test_truncation_surge_levels() -> None:
+    f = only(check(set_from(healthy(60), 41, response_length__truncated_frac=0.95)), "truncation_surge")
+    assert f.severity == "critical"
+    assert (
+        severity(set_from(healthy(60), 41, response_length__truncated_frac=0.6), "truncation_surge")
+        == "warning"
+    )
+    high_from_start = set_from(healthy(60), 1, response_length__truncated_frac=0.85)
+    assert only(check(high_from_start), "truncation_surge").severity == "info"
+
+
+def test_repetition_levels() -> None:
+    assert severity(set_from(healthy(40), 31, repetition__frac=0.7), "repetition") == "critical"
+    assert severity(set_from(healthy(40), 31, repetition__frac=0.3), "repetition") == "warning"
+
+
+def test_reward_collapse_after_a_gain() -> None:
+    def rise_then(level: float):
+        return lambda s: 0.2 + 0.5 * min(s, 50) / 50 if s <= 60 else level
+
+    h = set_from(healthy(80), 1, reward__mean=rise_then(0.15))
+    f = only(check(h), "reward_collapse")
+    assert (f.severity, f.action) == ("critical", "rollback")
+    assert f.evidence["best_reward"] == pytest.approx(0.7, abs=0.02)
+    h = set_from(healthy(80), 1, reward__mean=rise_then(0.4))
+    assert only(check(h), "reward_collapse").severity == "warning"
+    # a flat run never gained anything, so it cannot collapse
+    assert not [f for f in check(set_from(healthy(80), 1, reward__mean=0.3)) if f.name == "reward_collapse"]
+
+
+def test_no_signal_levels_and_reason() -> None:
+    assert severity(set_from(healthy(30), 1, groups__no_signal_frac=0.85), "no_signal") == "warning"
+    f = only(check(set_from(healthy(30), 1, groups__no_signal_frac=1.0, reward__mean=0.0)), "no_signal")
+    assert f.severity == "critical" and f.action == "warn" and "too hard" in f.message
+    assert "rollout.group_size" in f.suggestion
+
+
+def test_reward_hacking_reward_up_eval_down() -> None:
+    h = healthy(100)
+    for rec in h:
+        s = rec["step"]
+        if "reward/mean" in rec:
+            rec["reward/mean"] = 0.2 + 0.7 * min(s, 60) / 60
+        if "eval/accuracy" in rec:
+            rec["eval/accuracy"] = 0.5 if s <= 60 else 0.3
+    f = only(check(h), "reward_hacking")
+    assert f.severity == "critical"
+    assert f.evidence["eval_accuracy_best"] == pytest.approx(0.5)
+    assert f.evidence["eval_accuracy"] == pytest.approx(0.3)
+    assert f.steps == (60, 100)
+    # the same eval drop while the reward falls back (still above its start) is a collapse, not hacking
+    for rec in h:
+        if "reward/mean" in rec and rec["step"] > 60:
+            rec["reward/mean"] = 0.45
+    assert not [f for f in check(h) if f.name == "reward_hacking"]
+
+
+def test_reward_hacking_falls_back_to_train_accuracy_without_evals() -> None:
+    h = [r for r in healthy(60) if "reward/mean" in r]
+    for r in h:
+        r.pop("eval/accuracy", None)
+        r["reward/mean"] = 0.2 + 0.6 * r["step"] / 60
+        r["accuracy"] = 0.5 - 0.4 * r["step"] / 60
+    f = only(check(h), "reward_hacking")
+    assert "accuracy_start" in f.evidence
+
+
+def test_eval_regression_without_reward_rise() -> None:
+    h = set_from(healthy(100), 1, reward__mean=lambda s: 0.3 + 0.01 * (s % 3))
+    for rec in h:
+        if "eval/accuracy" in rec and rec["step"] > 70:
+            rec["eval/accuracy"] = 0.2
+    found = check(h)
+    f = only(found, "eval_regression")
+    assert f.severity == "warning" and f.evidence["drop"] > 0.1
+    assert not [x for x in found if x.name == "reward_hacking"]  # the reward did not rise
+    # one low eval is noise
+    h2 = healthy(100)
+    h2[-1]["eval/accuracy"] = 0.1
+    assert not [x for x in check(h2) if x.name == "eval_regression"]
+
+
+def test_throughput_drop() -> None:
+    f = only(check(set_from(healthy(100), 81, throughput__tokens_per_s=300.0)), "throughput_drop")
+    assert f.severity == "warning" and f.evidence["ratio"] == pytest.approx(0.3, abs=0.03)
+
+
+def test_stalled_needs_running_state_and_long_silence() -> None:
+    h = healthy(30)
+    last = h[-1]["time"]
+    t = CFG.stalled
+    f = guards.stalled(h, t, now=last + 600, last_write=last, state="running")
+    assert f is not None and f.severity == "critical" and f.evidence["silent_s"] == pytest.approx(600, abs=1)
+    assert guards.stalled(h, t, now=last + 600, last_write=last, state="finished") is None
+    assert guards.stalled(h, t, now=last + 30, last_write=last, state="running") is None  # 15 steps of 2 s
+    assert guards.stalled(h, t, now=last + 600, last_write=last + 590, state="running") is None  # heartbeat
+
+
+# ------------------------------------------------------------------------- engine and config
+
+
+def test_scan_reports_step_ranges_and_ongoing() -> None:
+    h = set_from(healthy(100), 41, entropy=0.05)
+    h = [dict(r, entropy=0.85) if r["step"] > 70 and "entropy" in r else r for r in h]
+    f = only(scan(h), "entropy_collapse")
+    # the range covers the windows that showed it: from the first window mostly after step 41 to the last
+    # one mostly before step 71 (window = 10 steps)
+    assert 31 <= f.steps[0] <= 41 and 70 <= f.steps[1] <= 80 and not f.ongoing
+    f = only(scan(set_from(healthy(100), 41, entropy=0.05)), "entropy_collapse")
+    assert f.ongoing and f.steps[1] == 100
+
+
+def test_scan_agrees_with_live_check_at_the_end() -> None:
+    h = set_from(healthy(80), 61, entropy=0.05, repetition__frac=0.8, groups__no_signal_frac=1.0)
+    live = {f.name for f in check(h)}
+    ongoing = {f.name for f in scan(h) if f.ongoing}
+    assert live == ongoing == {"entropy_collapse", "repetition", "no_signal"}
+
+
+def test_transient_incident_that_ended_is_downgraded() -> None:
+    h = healthy(60)
+    h[30]["grad_norm"] = 5.0
+    f = only(scan(h), "grad_spike")
+    assert f.severity == "warning" and f.steps == (30, 30) and not f.ongoing
+
+
+def test_findings_sorted_most_severe_first() -> None:
+    h = set_from(healthy(60), 41, entropy=0.18, groups__no_signal_frac=1.0)
+    sev = [f.severity for f in scan(h)]
+    assert sev == sorted(sev, key=lambda s: -guards.SEVERITY_RANK[s])
+
+
+def test_disabled_rule_and_custom_thresholds() -> None:
+    h = set_from(healthy(40), 31, repetition__frac=0.3)
+    cfg = GuardsConfig.model_validate({"repetition": {"enabled": False}})
+    assert not [f for f in check(h, cfg) if f.name == "repetition"]
+    cfg = GuardsConfig.model_validate({"repetition": {"critical_frac": 0.25, "action": "rollback"}})
+    f = only(check(h, cfg), "repetition")
+    assert (f.severity, f.action) == ("critical", "rollback")
+
+
+def test_warnings_never_carry_a_drastic_action() -> None:
+    cfg = GuardsConfig.model_validate({"entropy_collapse": {"action": "stop"}})
+    h = set_from(healthy(60), 41, entropy=0.18)
+    f = only(check(h, cfg), "entropy_collapse")
+    assert f.severity == "warning" and f.action == "warn"
+    assert strongest_action([f]) == "warn"
+    h = set_from(healthy(60), 41, entropy=0.05)
+    assert strongest_action(check(h, cfg)) == "stop"
+    assert strongest_action([]) == "warn"
+
+
+def test_config_rejects_unknown_keys_and_bad_actions() -> None:
+    with pytest.raises(ValidationError):
+        GuardsConfig.model_validate({"entropy_colapse": {}})
+    with pytest.raises(ValidationError):
+        GuardsConfig.model_validate({"kl_blowup": {"max_kl_ol": 1.0}})
+    with pytest.raises(ValidationError):
+        GuardsConfig.model_validate({"kl_blowup": {"action": "explode"}})
+
+
+def test_every_rule_has_a_documented_config_section() -> None:
+    rules = {rule.__name__ for rule, _ in guards.live_rules(CFG)} | {"stalled"}
+    assert rules <= set(GuardsConfig.model_fields)  # the trainer may add its own [guards] settings
+    for name, fld in GuardsConfig.model_fields.items():
+        assert fld.description, f"guards.{name} has no description"
+    for name in rules:
+        section = type(getattr(CFG, name))
+        for sub, subfield in section.model_fields.items():
+            assert subfield.description, f"guards.{name}.{sub} has no description"
+        assert {"enabled", "action"} <= set(section.model_fields)
+
+
+def test_finding_json_is_plain() -> None:
+    h = healthy(30)
+    h[-1]["grad_norm"] = "inf"
+    d = only(check(h), "nonfinite").to_json()
+    assert d["steps"] == [30, 30] and d["severity"] == "critical" and isinstance(d["evidence"], dict)

@@ -1,0 +1,85 @@
+"""The update's invariants on a real (tiny) model: masks keep EOS, the sampler's log-probs are the
+trainer's, and micro-batching does not change the loss or the gradient."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from keelrl.algo.losses import LossAgg
+from keelrl.config import AlgoConfig
+from keelrl.distributed import World
+from keelrl.rollout import HFSampler, Rollout, SamplingSettings
+from keelrl.trainer import collate, forward_logprobs, minibatch_backward
+
+SETTINGS = SamplingSettings(max_new_tokens=12, temperature=1.0)
+
+
+def _rollouts(model, tokenizer, n: int = 8, seed: int = 0) -> list[Rollout]:
+    prompts = [tokenizer(f"{i} {i + 3} -> {2 * i}\n<answer>", add_special_tokens=False)["input_ids"] for i in range(n)]
+    gens = HFSampler(model, tokenizer).generate(prompts, SETTINGS, [seed * 1000 + i for i in range(n)])
+    out = []
+    for i, (p, g) in enumerate(zip(prompts, gens)):
+        out.append(
+            Rollout(i, {}, i // 2, p, g.completion_ids, g.logprobs, [1] * len(g.completion_ids), g.finish_reason, 0, SETTINGS,
+                    advantage=float(i % 3) - 1.0)
+        )
+    return out
+
+
+def test_mask_comes_from_lengths_and_keeps_eos(char_tokenizer) -> None:
+    eos = char_tokenizer.eos_token_id
+    assert char_tokenizer.pad_token_id == eos  # the hard case: pad == EOS
+    r = Rollout(0, {}, 0, [5, 6, 7], [8, 9, eos], [-1.0, -2.0, -3.0], [1, 1, 1], "eos", 0, SETTINGS)
+    short = Rollout(1, {}, 0, [5], [eos], [-0.5], [1], "eos", 0, SETTINGS)
+    b = collate([r, short], pad_id=eos, device=torch.device("cpu"))
+    # row 0: positions 2, 3, 4 predict tokens 8, 9, EOS
+    assert b.target_mask[0].tolist() == [0, 0, 1, 1, 1, 0]
+    assert b.input_ids[0, 5] == eos and b.sampler_logprobs[0, 4] == -3.0
+    # row 1 is padded with EOS ids, but only its real EOS (position 0 -> 1) is a target
+    assert b.target_mask[1].tolist() == [1, 0, 0, 0, 0, 0]
+    assert b.input_ids[1].tolist() == [5, eos, eos, eos, eos, eos]
+
+
+def test_sampler_logprobs_match_trainer(tiny_model, char_tokenizer) -> None:
+    rollouts = _rollouts(tiny_model, char_tokenizer)
+    batch = collate(rollouts, char_tokenizer.pad_token_id, torch.device("cpu"))
+    trainer_lp = forward_logprobs(tiny_model, batch, micro_batch_size=3, temperature=SETTINGS.temperature)
+    gap = ((trainer_lp - batch.sampler_logprobs) * batch.target_mask).abs().max()
+    assert float(gap) <= 1e-4
+    assert batch.target_mask.sum() == sum(len(r.completion_ids) for r in rollouts)
+
+
+def test_first_epoch_ratio_is_one_and_nothing_is_clipped(tiny_model, char_tokenizer) -> None:
+    model = copy.deepcopy(tiny_model)
+    batch = collate(_rollouts(model, char_tokenizer), char_tokenizer.pad_token_id, torch.device("cpu"))
+    batch.old_logprobs = batch.sampler_logprobs
+    stats = minibatch_backward(model, batch, torch.arange(8), AlgoConfig(), 4, 1.0, 12, World())
+    assert stats["ratio/max"] == pytest.approx(1.0, abs=1e-4)
+    assert stats["clipfrac/low"] == 0.0 and stats["clipfrac/high"] == 0.0
+    assert stats["kl/old"] < 1e-8
+
+
+def _grads(model, batch, micro: int, agg: LossAgg) -> tuple[float, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    algo = AlgoConfig(loss_agg=agg, kl_coef=0.0, entropy_coef=0.01)
+    stats = minibatch_backward(model, batch, torch.arange(batch.input_ids.shape[0]), algo, micro, 1.0, 12, World())
+    return stats["loss/total"], [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "constant"])
+def test_micro_batching_does_not_change_loss_or_gradient(tiny_model, char_tokenizer, agg: LossAgg) -> None:
+    model = copy.deepcopy(tiny_model)
+    batch = collate(_rollouts(model, char_tokenizer, n=8, seed=1), char_tokenizer.pad_token_id, torch.device("cpu"))
+    # an off-policy batch, so clipping and the ratio matter
+    batch.old_logprobs = batch.sampler_logprobs + 0.3 * torch.randn_like(batch.sampler_logprobs) * batch.target_mask
+    batch.ref_logprobs = batch.sampler_logprobs
+    loss_1, g1 = _grads(model, batch, 1, agg)
+    loss_4, g4 = _grads(model, batch, 4, agg)
+    loss_8, g8 = _grads(model, batch, 8, agg)
+    assert loss_1 == pytest.approx(loss_8, abs=1e-6) and loss_4 == pytest.approx(loss_8, abs=1e-6)
+    for a, b, c in zip(g1, g4, g8):
+        assert torch.allclose(a, c, atol=1e-6, rtol=0) and torch.allclose(b, c, atol=1e-6, rtol=0)
+    assert any(float(g.abs().max()) > 1e-4 for g in g8)  # the gradient is not trivially zero

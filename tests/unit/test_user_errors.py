@@ -1,0 +1,47 @@
+"""Mistakes a user can make end in one paragraph naming the problem, with exit status 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from keelrl.cli import main
+from keelrl.config import ModelConfig
+from keelrl.models import ModelLoadError, load_policy
+from keelrl.tasks import TaskError, get_task
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_malformed_config(tmp_path: Path, capsys) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[rollout]\nbatch_size = 30\ngroup_size = 8\n")
+    code, err = _run(["train", str(f), "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 2
+    assert "rollout.batch_size=30 is not divisible by rollout.group_size=8" in err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()  # stopped before any work
+
+
+def test_missing_model_path(tmp_path: Path, capsys) -> None:
+    code, err = _run(["train", "configs/smoke.toml", "--set", f'model.path="{tmp_path}/nope"', "--run-dir", str(tmp_path / "r")], capsys)
+    assert code == 2 and "does not exist" in err and str(tmp_path / "nope") in err
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_policy(ModelConfig(path=str(tmp_path)))
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf file")
+    with pytest.raises(ModelLoadError, match="could not read the GGUF file"):
+        load_policy(ModelConfig(path=str(bad)))
+
+
+def test_unknown_task(tmp_path: Path, capsys) -> None:
+    code, err = _run(["train", "configs/smoke.toml", "--set", 'task.name="countdwn"', "--run-dir", str(tmp_path / "r")], capsys)
+    assert code == 2 and "unknown task 'countdwn' (did you mean 'countdown'?)" in err
+    with pytest.raises(TaskError, match=r"`max_numbr`.*unknown parameter"):
+        get_task("countdown", max_numbr=3)
+    with pytest.raises(TaskError, match="min_numbers=5 > max_numbers=4"):
+        get_task("countdown", min_numbers=5, max_numbers=4)
