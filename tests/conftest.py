@@ -33,3 +33,49 @@ def tiny_model_dir(tmp_path_factory, tiny_model, char_tokenizer) -> Path:
     out = tmp_path_factory.mktemp("tiny_model")
     save_hf_dir(tiny_model, char_tokenizer, out)
     return out
+
+
+def _multiply_line(i: int) -> str:
+    """A format-teaching line: a 1-digit product and a *random* answer (the model learns the format, not
+    the arithmetic, so RL has something to learn)."""
+    import random
+
+    rng = random.Random(i)
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    return f"{a}*{b}\n<answer>{rng.randint(1, 81)}</answer>"
+
+
+@pytest.fixture(scope="session")
+def format_model_dir(tmp_path_factory) -> Path:
+    """A tiny model pretrained for a few seconds to answer `a*b` in the <answer> format: its rewards vary
+    (0.1 wrong, 1.0 right), so RL updates are real, unlike a random model whose rewards are all 0."""
+    from keelrl.demo import pretrain
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(
+        TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, max_positions=64, init_seed=1), len(tok), tok.eos_token_id
+    )
+    pretrain(model, tok, _multiply_line, steps=60, batch_size=64, lr=1e-2, seed=0)
+    out = tmp_path_factory.mktemp("format_model")
+    save_hf_dir(model, tok, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def format_run(format_model_dir: Path) -> list[str]:
+    """--set overrides for a tiny RL run on 1-digit multiplication from `format_model_dir`."""
+    return [f'model.path="{format_model_dir}"', *FORMAT_RUN]
+
+
+FORMAT_RUN = [
+    'task.name="multiply"',
+    'task.template="compact"',
+    "task.params={digits_a = 1, digits_b = 1}",
+    "rollout.batch_size=16",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=20",
+    "algo.lr=3e-3",
+    "train.micro_batch_size=8",
+    "train.threads=1",
+    "log.progress=false",
+]

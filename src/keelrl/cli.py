@@ -39,11 +39,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Train in this process (what the supervisor runs, and `keelrl train --no-supervisor`)."""
-    from keelrl.trainer import train
+    from keelrl.supervisor import EXIT_GUARD_STOP
+    from keelrl.trainer import GuardStop, train
 
     cfg = load_config(args.config, args.set)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
-    train(cfg, run_dir, resume=args.resume)
+    try:
+        train(cfg, run_dir, resume=args.resume)
+    except GuardStop as err:
+        print(f"keelrl: {err}", file=sys.stderr)
+        return EXIT_GUARD_STOP
     _print_outcome(run_dir)
     return 0
 
@@ -374,6 +379,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return _report_gates(gates, reports[1].summary(), reports[0].summary())
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from keelrl.demo import run_demo
+
+    run_demo(seed=args.seed, minutes=args.minutes, model=args.model, out=Path(args.out))
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from keelrl.monitor.doctor import run_doctor
 
@@ -503,6 +515,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 1 unless EXPR holds for B, with 'base' = A, e.g. 'accuracy>=base-0.01' (repeatable)",
     )
     c.set_defaults(func=cmd_compare)
+
+    m = sub.add_parser("demo", help="the whole lifecycle on a laptop CPU: pretrain a tiny model, RL it, eval before/after")
+    m.add_argument("--seed", type=int, default=0, help="seed of every stage")
+    m.add_argument("--minutes", type=float, default=12.0, help="scale the work (step counts) to about this many minutes")
+    m.add_argument("--model", choices=["tiny", "smollm2"], default="tiny", help="smollm2: RL SmolLM2-135M-Instruct (no pretraining)")
+    m.add_argument("--out", default="runs/demo", help="output directory")
+    m.set_defaults(func=cmd_demo)
 
     d = sub.add_parser("doctor", help="diagnose a run: findings most severe first (exit 0 healthy, 1 warnings, 2 critical)")
     d.add_argument("run_dir", help="run directory (or a metrics.jsonl file)")

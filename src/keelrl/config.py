@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from keelrl.guards import GuardsConfig
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -74,7 +76,7 @@ class ModelConfig(Section):
 class TaskConfig(Section):
     name: str = Field(
         "countdown",
-        description="Task name, as accepted by keelrl.tasks.get_task (countdown, multiply, code).",
+        description="Task name, as accepted by keelrl.tasks.get_task (countdown, multiply, code, mixture).",
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -199,6 +201,24 @@ class TrainConfig(Section):
         "auto", description="Where the policy lives; auto picks cuda when available."
     )
     threads: int = Field(0, ge=0, description="torch CPU threads (0 = torch's default).")
+    share_prefix: bool = Field(
+        True,
+        description=(
+            "Run each distinct prompt through the model once (per sampling chunk and per micro-batch) and let "
+            "its group's completions attend to the cached keys/values, instead of once per completion. Exact "
+            "(same log-probs and gradients up to float rounding); saves (group_size - 1) / group_size of the "
+            "prompt compute. Off only to compare against the plain padded forward."
+        ),
+    )
+    autocast: Literal["off", "bf16"] = Field(
+        "off",
+        description=(
+            "Run the model's matmuls in bfloat16 (torch.autocast) while sampling and computing log-probs; weights, "
+            "gradients, optimizer state and the log-softmax stay fp32. Faster on CPUs with AVX-512 BF16 / AMX and "
+            "on GPUs, at a measured cost in log-prob accuracy (docs/throughput.md). The sampler's and the trainer's "
+            "bf16 log-probs differ more than fp32 ones: pair it with algo.old_logprobs = 'recompute' or algo.tis_cap."
+        ),
+    )
 
 
 class EvalConfig(Section):
@@ -272,6 +292,94 @@ class LogConfig(Section):
     rollouts_per_step: int = Field(8, ge=0, description="Rollouts per step written to rollouts.jsonl.gz.")
 
 
+class CurriculumConfig(Section):
+    """Which problems to train on next (keelrl.curriculum): the order of the data, an adaptive curriculum over
+    difficulty buckets and task-mixture members, and dynamic sampling."""
+
+    kind: Literal["sequential", "adaptive"] = Field(
+        "sequential",
+        description=(
+            "sequential: train problems in index order (the task's own mix of difficulties); adaptive: draw each "
+            "prompt from a difficulty bucket (task.buckets()) chosen by the pass rates estimated so far."
+        ),
+    )
+    strategy: Literal["learnability", "band", "uniform"] = Field(
+        "learnability",
+        description=(
+            "adaptive only: bucket weights from each bucket's estimated pass rate p: learnability p(1-p) (most "
+            "weight at p = 0.5), band (full weight inside [band_low, band_high], falling linearly to 0 at 0 and 1), "
+            "or uniform (every bucket alike: the baseline)."
+        ),
+    )
+    band_low: float = Field(0.2, ge=0.0, lt=1.0, description="strategy 'band': lower edge of the target pass-rate band.")
+    band_high: float = Field(0.8, gt=0.0, le=1.0, description="strategy 'band': upper edge of the target pass-rate band.")
+    decay: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "adaptive only: per-step discount of the pass-rate evidence (Beta(1, 1) prior plus discounted counts), "
+            "so estimates follow the improving policy; 1 keeps everything."
+        ),
+    )
+    revisit: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "adaptive only: share of prompts drawn uniformly over all buckets (within the mixture weights), so "
+            "solved and not-yet-learnable buckets are revisited now and then."
+        ),
+    )
+    mixture: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description=(
+            "task.name = 'mixture' with kind adaptive: 'fixed' keeps each member's configured share of prompts "
+            "(buckets adapt within a member); 'adaptive' scales the shares by learnability too."
+        ),
+    )
+    skip_after: int = Field(
+        0,
+        ge=0,
+        description=(
+            "adaptive only, predict-and-skip: a problem whose last skip_after groups all had one outcome (all "
+            "solved or all failed) is skipped when drawn again, except for a `revisit` share; for tasks whose "
+            "problems repeat (code). 0 = off."
+        ),
+    )
+    max_tracked_problems: int = Field(
+        4096, ge=1, description="skip_after > 0: per-problem records kept (least recently seen dropped first)."
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description=(
+            "DAPO dynamic sampling: drop groups whose rewards are all equal (no learning signal) and refill the "
+            "batch with newly drawn prompts, within refill_budget; if the budget runs out, the batch is completed "
+            "with dropped groups and an event says so."
+        ),
+    )
+    refill_budget: float = Field(
+        2.0,
+        ge=0.0,
+        le=64.0,
+        description=(
+            "dynamic_sampling: most extra prompts drawn per step to refill the batch, as a multiple of the prompts "
+            "per step (2.0 = up to twice the batch again)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CurriculumConfig:
+        if self.band_low >= self.band_high:
+            raise ValueError(f"curriculum.band_low={self.band_low} must be below curriculum.band_high={self.band_high}")
+        if self.kind == "sequential" and (self.mixture == "adaptive" or self.skip_after):
+            raise ValueError(
+                "curriculum.mixture='adaptive' and curriculum.skip_after need curriculum.kind='adaptive' "
+                f"(got kind='sequential', mixture={self.mixture!r}, skip_after={self.skip_after})"
+            )
+        return self
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy and tokenizer.")
     task: TaskConfig = Field(
@@ -285,6 +393,10 @@ class Config(Section):
     log: LogConfig = Field(default_factory=LogConfig, description="Logging.")
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description="Crash and hang recovery.")
     faults: FaultsConfig = Field(default_factory=FaultsConfig, description="Fault injection for recovery drills (off by default).")
+    guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Per-step guards and divergence rules, and the actions taken on them.")
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig, description="Problem order, adaptive curriculum, dynamic sampling."
+    )
 
     @model_validator(mode="after")
     def _batch_arithmetic(self) -> Config:

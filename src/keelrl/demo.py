@@ -1,28 +1,38 @@
 """`keelrl demo`: the whole post-training lifecycle in miniature, on a laptop CPU.
 
-1. Pretrain a tiny base model (character tokenizer, a few hundred thousand to a few million parameters)
-   with plain next-token loss on a procedurally generated corpus (`corpus_text`).
+1. Pretrain a tiny base model (character tokenizer, about a million parameters) with plain next-token
+   loss on a procedurally generated corpus (`corpus_text`).
 2. Evaluate it (greedy) on held-out Countdown problems whose number sets never occur in training.
 3. RL with the ordinary trainer (`keelrl.trainer.train`): every metric, checkpoint and event of a normal run.
 4. Evaluate the final policy on the same problems; print a before/after table with 95% intervals.
 
-The corpus. Each line is a Countdown prompt in the compact template followed by an answer, e.g.
+The corpus. Each line is a Countdown prompt in the compact template followed by a completion, e.g.
 
     7 3 12 -> 33
-    <answer>12*3-7=29</answer><eos>
+    12*3=36,36-7=29 no;7*3=21,21+12=33 yes;3+7=10,10*12=120 no;<answer>(3+7)*12</answer><eos>
 
-The numbers are those of a *training* problem (so held-out number sets never appear). The answer is a
-random expression that uses every number once (drawn by the same generator that makes problems:
-random order, random pairing, random operation with positive integer intermediate values) followed by its
-true value. The target on the prompt line is the value of a second, independent draw of that generator
-on the same numbers. The corpus therefore teaches the answer format, the rule "each number exactly
-once", and arithmetic (the stated value is always right), but not goal-directed solving: the target tells
-nothing about which expression follows. A policy that ignores the target hits it with probability
-sum_v p(v)^2 over the generator's value distribution p for those numbers; `chance_accuracy` computes this
-exactly by enumerating the generator's choices, and that is the chance level the demo reports.
+The numbers are those of a *training* problem (so held-out number sets never appear). The completion is
+1 to 4 attempts, each a random way of combining all the numbers (drawn by the same generator that makes
+problems: random pairing and operation, positive integer intermediate values) written out step by step
+with true values, followed by a verdict that says, truthfully, whether the attempt's value equals the
+target. Then it stops after a random number of attempts, whatever the verdicts said, and answers with
+the last attempt's expression. The target on the prompt line is the value of an independent draw of the
+generator on the same numbers.
 
-The reward cannot be gamed by stating the target: the Countdown checker requires a stated value to equal
-the expression's true value (see tasks/countdown.py), and correctness is judged on the expression.
+So the corpus teaches the answer format, "each number exactly once", arithmetic, and how to check an
+attempt against the target, but not goal-directed solving: when to stop is independent of the target,
+so the base model's answer is a target-blind draw. It hits the target with probability sum_v p(v)^2 over
+the generator's value distribution p for those numbers; `chance_accuracy` computes this exactly by
+enumerating the generator's choices, and that is the chance level the demo reports. What RL has to
+discover is the policy TinyZero's models found: keep trying, and stop when an attempt checks out.
+
+The reward cannot be gamed: the answer is an expression that the Countdown checker evaluates exactly
+(stated values, verdicts and the thinking before <answer> earn nothing by themselves), so the only way to
+reward 1.0 is an expression whose value is the target. What did not work, measured while designing this
+(docs/RESULTS.md): answers that state their value (`<answer>12*3-7=29</answer>`, value checked) left the
+tiny model at 0% because its one-shot arithmetic was wrong; expressions with no steps or verdicts
+(`<answer>12*3-7</answer>`) gave a base model at chance that RL moved by only a few points in 170 steps;
+steps without verdicts let RL lengthen the search until every completion hit the token limit.
 """
 
 from __future__ import annotations
@@ -34,13 +44,40 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from keelrl.config import TinyModelConfig
 from keelrl.tasks.base import stable_hash
-from keelrl.tasks.countdown import Countdown, random_expression
+from keelrl.tasks.countdown import Countdown
+
+MAX_ATTEMPTS = 4
+
+
+def random_attempt(numbers: list[int], rng: random.Random) -> tuple[str, str, int]:
+    """Combine all `numbers` pairwise in a random order with random operations whose intermediate values
+    are positive integers (the same choices as `keelrl.tasks.countdown.random_expression`). Returns
+    (steps written out, e.g. "12*3=36,36-7=29", the expression "(12*3)-7", its value)."""
+    pool: list[tuple[str, int, bool]] = [(str(n), n, True) for n in numbers]  # (text, value, is_atom)
+    steps = []
+    while len(pool) > 1:
+        i, j = rng.sample(range(len(pool)), 2)
+        (ta, a, atom_a), (tb, b, atom_b) = pool[i], pool[j]
+        ops = ["+", "*"]
+        if a > b:
+            ops.append("-")
+        if b > 0 and a % b == 0 and b != 1:
+            ops.append("/")
+        op = rng.choice(ops)
+        value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0}[op]
+        steps.append(f"{a}{op}{b}={value}")
+        left = ta if atom_a else f"({ta})"
+        right = tb if atom_b else f"({tb})"
+        pool = [p for k, p in enumerate(pool) if k not in (i, j)] + [(f"{left}{op}{right}", value, False)]
+    return ",".join(steps), pool[0][0], pool[0][1]
 
 
 def corpus_text(task: Countdown, index: int, seed: int) -> str:
@@ -50,16 +87,20 @@ def corpus_text(task: Countdown, index: int, seed: int) -> str:
     numbers = list(problem["numbers"])
     rng.shuffle(numbers)
     while True:
-        target = random_expression(numbers, rng)
-        answer = random_expression(numbers, rng)
-        if (
-            target is not None
-            and answer is not None
-            and task.params.min_target <= target[1] <= task.params.max_target
-        ):
+        target = random_attempt(numbers, rng)[2]
+        if task.params.min_target <= target <= task.params.max_target:
             break
-    prompt = task.prompt({"numbers": numbers, "target": target[1]}, "compact")
-    return f"{prompt.user}\n{prompt.assistant_prefix}{answer[0]}</answer>"
+    attempts: list[tuple[str, str, int]] = []
+    k = rng.randint(1, MAX_ATTEMPTS)
+    for _ in range(50):
+        attempt = random_attempt(numbers, rng)
+        if all(attempt[1] != a[1] for a in attempts):
+            attempts.append(attempt)
+        if len(attempts) == k:
+            break
+    think = "".join(f"{steps} {'yes' if value == target else 'no'};" for steps, _, value in attempts)
+    prompt = task.prompt({"numbers": numbers, "target": target}, "compact")
+    return f"{prompt.user}\n{prompt.assistant_prefix}{think}<answer>{attempts[-1][1]}</answer>"
 
 
 def value_distribution(numbers: list[int]) -> dict[int, float]:
@@ -151,3 +192,250 @@ def pretrain(
             on_step(step + 1, loss_value)
     model.eval()
     return PretrainResult(steps, tokens, loss_value, time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------------------------------- lifecycle
+
+# The task of the demo: Countdown with 3 numbers from 1..10, targets up to 100; a fifth of the number
+# multisets is held out (165 multisets, so about 33 held-out sets and ~450 distinct held-out problems).
+DEMO_TASK_PARAMS: dict[str, Any] = {
+    "min_numbers": 3,
+    "max_numbers": 3,
+    "min_number": 1,
+    "max_number": 10,
+    "max_target": 100,
+    "test_fraction": 0.2,
+}
+DEMO_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=256)
+EVAL_PROBLEMS = 500
+SMOLLM2_TASK_PARAMS: dict[str, Any] = {
+    "min_numbers": 2,
+    "max_numbers": 3,
+    "min_number": 1,
+    "max_number": 9,
+    "max_target": 50,
+    "test_fraction": 0.2,
+}
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """How much work each stage gets. Fixed step counts (not wall-clock budgets) keep a seed's result the
+    same on any machine; `--minutes` scales them, calibrated on a 2-core laptop-class CPU."""
+
+    pretrain_steps: int
+    pretrain_batch: int
+    pretrain_lr: float
+    rl_steps: int
+    eval_every: int
+
+    @staticmethod
+    def for_minutes(minutes: float) -> DemoPlan:
+        scale = minutes / 12.0
+        rl_steps = max(10, round(RL_STEPS_AT_12_MIN * scale / 10) * 10)
+        return DemoPlan(
+            pretrain_steps=max(50, round(PRETRAIN_STEPS_AT_12_MIN * scale)),
+            pretrain_batch=64,
+            pretrain_lr=3e-3,
+            rl_steps=rl_steps,
+            eval_every=max(10, rl_steps // 5),
+        )
+
+
+PRETRAIN_STEPS_AT_12_MIN = 500
+RL_STEPS_AT_12_MIN = 150
+
+
+def demo_rl_config(base_model: str, task_params: dict[str, Any], steps: int, eval_every: int, seed: int) -> dict[str, Any]:
+    """The RL stage's config (also shipped as configs/countdown_tiny.toml with model.path = "tiny")."""
+    return {
+        "model": {"path": base_model},
+        "task": {"name": "countdown", "template": "compact", "params": task_params, "seed": 0},
+        "rollout": {"batch_size": 128, "group_size": 8, "max_new_tokens": 128, "temperature": 1.0},
+        "algo": {"lr": 5e-4, "advantage": "grpo", "loss_agg": "token_mean", "clip_low": 0.2, "clip_high": 0.28},
+        "train": {"steps": steps, "micro_batch_size": 32, "seed": seed},
+        "eval": {"every_steps": eval_every, "problems": 200, "at_start": True},
+        "checkpoint": {"every_steps": eval_every, "keep_last": 2, "keep_best": 1},
+        "log": {"rollouts_per_step": 8},
+        "supervisor": {"enabled": False},
+    }
+
+
+def run_demo(seed: int = 0, minutes: float = 12.0, model: str = "tiny", out: str | Path = "runs/demo") -> dict[str, Any]:
+    """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers."""
+    from rich.console import Console
+
+    from keelrl.config import config_from_dict
+    from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+    from keelrl.tasks import get_task
+    from keelrl.trainer import train
+
+    console = Console(stderr=True, highlight=False)
+    t_start = time.time()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = DemoPlan.for_minutes(minutes)
+    base_dir = out / "base"
+    if model == "tiny":
+        task_params = DEMO_TASK_PARAMS
+        task = get_task("countdown", **task_params)
+        console.rule(f"[bold]1/4 pretraining a tiny base model[/] ({plan.pretrain_steps} steps of next-token loss)")
+        tokenizer = build_char_tokenizer()
+        policy = build_tiny_model(
+            TinyModelConfig(**{**DEMO_MODEL.model_dump(), "init_seed": seed}), len(tokenizer), tokenizer.eos_token_id
+        )
+        with _progress(console, "pretrain", plan.pretrain_steps) as advance:
+            result = pretrain(
+                policy, tokenizer, lambda i: corpus_text(task, i, seed), plan.pretrain_steps, plan.pretrain_batch,
+                plan.pretrain_lr, seed, on_step=lambda step, loss: advance(f"loss {loss:.3f}"),
+            )
+        save_hf_dir(policy, tokenizer, base_dir)
+        console.print(f"base model: {sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters, "
+                      f"{result.tokens / 1e6:.2f}M tokens in {result.seconds:.0f} s, final loss {result.final_loss:.3f}")
+        template = "compact"
+        base_path = str(base_dir)
+        rl = demo_rl_config(base_path, task_params, plan.rl_steps, plan.eval_every, seed)
+    elif model == "smollm2":
+        task_params = SMOLLM2_TASK_PARAMS
+        task = get_task("countdown", **task_params)
+        template = "chat"
+        base_path = "smollm2"
+        rl = smollm2_rl_config(task_params, minutes, seed)
+    else:
+        raise ValueError(f"--model must be 'tiny' or 'smollm2', got {model!r}")
+
+    problems = [task.problem("test", i) for i in range(EVAL_PROBLEMS)]
+    chance = chance_accuracy(problems)
+    console.rule("[bold]2/4 evaluating the base model[/]")
+    base_report = _evaluate(console, base_path, task, template, rl["rollout"]["max_new_tokens"], seed)
+
+    console.rule(f"[bold]3/4 RL[/] ({rl['train']['steps']} steps of {rl['algo']['advantage']}, run dir {out / 'rl'})")
+    cfg = config_from_dict(rl, "keelrl demo")
+    summary_rl = train(cfg, out / "rl", resume="never" if not (out / "rl").exists() else "auto")
+
+    console.rule("[bold]4/4 evaluating the final model[/]")
+    final_report = _evaluate(console, str(out / "rl" / "final"), task, template, rl["rollout"]["max_new_tokens"], seed)
+    return _summarize(console, out, seed, chance, base_report, final_report, summary_rl, t_start)
+
+
+def smollm2_rl_config(task_params: dict[str, Any], minutes: float, seed: int) -> dict[str, Any]:
+    """RL for SmolLM2-135M-Instruct on easy Countdown: chat template, a small batch, a low learning rate.
+    About a minute per step on 2 cores, so `minutes` sets the step count directly."""
+    steps = max(2, int(minutes * 60 / 75))
+    return {
+        "model": {"path": "smollm2"},
+        "task": {"name": "countdown", "template": "chat", "params": task_params, "seed": 0},
+        "rollout": {"batch_size": 16, "group_size": 4, "max_new_tokens": 160, "temperature": 1.0},
+        "algo": {"lr": 2e-6, "advantage": "grpo", "loss_agg": "token_mean", "clip_high": 0.28},
+        "train": {"steps": steps, "micro_batch_size": 4, "seed": seed},
+        "eval": {"every_steps": max(1, steps // 3), "problems": 64, "at_start": False, "batch_size": 32},
+        "checkpoint": {"every_steps": max(1, steps // 3), "keep_last": 1, "keep_best": 1},
+        "log": {"rollouts_per_step": 4},
+        "supervisor": {"enabled": False},
+    }
+
+
+class _progress:
+    """A rich progress bar with ETA as a context manager yielding `advance(text)`."""
+
+    def __init__(self, console: Any, label: str, total: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
+            TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console,
+        )
+        self.task = self.progress.add_task(label, total=total, info="")
+
+    def __enter__(self) -> Callable[[str], None]:
+        self.progress.start()
+        return lambda info="": self.progress.update(self.task, advance=1, info=info)
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
+def _evaluate(console: Any, model_path: str, task: Countdown, template: str, max_new_tokens: int, seed: int) -> Any:
+    from keelrl.config import ModelConfig
+    from keelrl.evaluate import evaluate
+    from keelrl.models import load_policy
+    from keelrl.rollout import HFSampler
+
+    policy, tokenizer = load_policy(ModelConfig(path=model_path))
+    with _progress(console, "eval", EVAL_PROBLEMS) as advance:
+        report = evaluate(
+            HFSampler(policy, tokenizer), tokenizer, task, template, EVAL_PROBLEMS,  # type: ignore[arg-type]
+            max_new_tokens=max_new_tokens, seed=seed, batch_size=128,
+            meta={"model": model_path}, on_progress=lambda n: [advance() for _ in range(n)] and None,
+        )
+    return report
+
+
+def _summarize(
+    console: Any, out: Path, seed: int, chance: float, base: Any, final: Any, rl_summary: dict[str, Any], t_start: float
+) -> dict[str, Any]:
+    import json
+    import resource
+
+    from rich.table import Table
+
+    from keelrl.evaluate import compare_results
+
+    b, f = base.summary(), final.summary()
+    comparison = compare_results(base, final)
+    (out / "eval_base.json").write_text(json.dumps(base.to_json(), indent=2))
+    (out / "eval_final.json").write_text(json.dumps(final.to_json(), indent=2))
+
+    def acc(summary: dict[str, Any]) -> tuple[float, list[float]]:
+        m = summary["metrics"]["accuracy"]
+        return m["value"], m["ci95"]
+
+    (ba, bci), (fa, fci) = acc(b), acc(f)
+    diff = comparison["metrics"]["accuracy"]
+    table = Table(title=f"held-out Countdown, greedy, {len(base.records)} problems (seed {seed})")
+    for col in ("", "accuracy", "95% interval", "mean reward", "format rate"):
+        table.add_column(col)
+    for name, s, a, ci in (("base model", b, ba, bci), ("after RL", f, fa, fci)):
+        table.add_row(name, f"{a:.3f}", f"[{ci[0]:.3f}, {ci[1]:.3f}]", f"{s['metrics']['reward/mean']['value']:.3f}",
+                      f"{s['metrics']['format_rate']['value']:.2f}")
+    table.add_row("change", f"{diff['diff']:+.3f}", f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}]", "", diff["verdict"])
+    table.add_row("chance", f"{chance:.3f}", "", "", "")
+    console.print(table)
+    console.print("[bold]sample completions[/] (same problems, before -> after):")
+    for i in range(3):
+        p = base.records[i].problem
+        console.print(f"  {p['numbers']} -> {p['target']}", markup=False)
+        console.print(f"    before: {base.records[i].texts[0][:150]}", markup=False)
+        console.print(f"    after:  {final.records[i].texts[0][:150]}", markup=False)
+    wall = time.time() - t_start
+    peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    summary = {
+        "seed": seed,
+        "base_accuracy": ba,
+        "base_accuracy_ci95": bci,
+        "final_accuracy": fa,
+        "final_accuracy_ci95": fci,
+        "accuracy_change": diff["diff"],
+        "accuracy_change_ci95": diff["ci"],
+        "verdict": diff["verdict"],
+        "chance_accuracy": chance,
+        "eval_problems": len(base.records),
+        "best_checkpoint": rl_summary.get("best"),
+        "rl_steps": rl_summary.get("steps"),
+        "wall_seconds": wall,
+        "peak_rss_gb": peak_rss_gb,
+        "run_dir": str(out / "rl"),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(
+        f"run directory: {out / 'rl'} (metrics, rollouts, checkpoints incl. best), summary: {out / 'summary.json'}; "
+        f"{wall / 60:.1f} min, peak RSS {peak_rss_gb:.2f} GB. Next: keelrl doctor {out / 'rl'} ; keelrl report {out / 'rl'}"
+    )
+    return summary

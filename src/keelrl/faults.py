@@ -59,7 +59,6 @@ class FaultInjector:
 
     def before_save(self, step: int) -> None:
         """Arm a kill in the middle of this step's checkpoint write (after the weights file, before the manifest)."""
-        ckpt.WRITE_HOOK = None
         if self.cfg.kill_during_save_at_step and step == self.cfg.kill_during_save_at_step and self._fire(
             "kill_during_save_at_step", step
         ):

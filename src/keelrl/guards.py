@@ -474,10 +474,33 @@ class StalledThresholds(_Rule):
     min_seconds: float = Field(120.0, ge=0.0, description="And silent for at least this many seconds.")
 
 
+class RatioOutlierThresholds(_Rule):
+    action: Action = Field("skip", description=ACTION_DOC)
+    # PPO's clip range (0.2) means ratios past 1.2 already carry no gradient; a token whose probability moved
+    # 10x (2.3 nats) between sampling and this update is far outside any trust region. veRL warns when
+    # importance weights leave [0.5, 2] on average (REFERENCE.md); 10 is for a single token's maximum.
+    max_ratio: float = Field(10.0, gt=1.0, description="Skip an update whose largest per-token ratio pi/pi_old exceeds this.")
+
+
 class GuardsConfig(BaseModel):
-    """[guards]: one section per rule, each with `enabled`, `action` and its thresholds."""
+    """[guards]: one section per rule, each with `enabled`, `action` and its thresholds, plus how the
+    trainer acts on them (skips, rollbacks)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(True, description="Act on the rules during training (keelrl doctor reads them either way).")
+    skip_window: int = Field(20, ge=1, description="Steps over which skipped updates are counted for escalation.")
+    max_skips_in_window: int = Field(
+        5, ge=1, description="This many skipped updates within guards.skip_window steps escalates to a rollback."
+    )
+    max_rollbacks: int = Field(3, ge=0, description="Rollbacks allowed per run; one more trouble after that stops the run.")
+    rollback_lr_scale: float = Field(
+        1.0, gt=0.0, le=1.0, description="Multiply the learning rate by this at every rollback (1.0 = unchanged)."
+    )
+    ratio_outlier: RatioOutlierThresholds = Field(
+        default_factory=RatioOutlierThresholds,
+        description="Per-step guard: an importance ratio far outside the trust region.",
+    )
 
     nonfinite: NonfiniteThresholds = Field(
         default_factory=NonfiniteThresholds,
@@ -1270,4 +1293,78 @@ def _close(cur: _Open, n: int, records: Sequence[Record]) -> Finding:
 
 
 # ===================================================================================== PER-STEP ACTIONS
-# (the trainer's use of the rules above: skip / rollback / stop decisions and their events go here)
+# The trainer's use of the rules above. Two moments:
+#   before each optimizer step: `check_update` (non-finite loss or gradient, gradient-norm spike, an exact
+#     zero gradient while rewards vary, importance ratios far outside the trust region) -> skip the update;
+#   after each step: `Guardian.after_step` runs every windowed rule -> warn / rollback / stop (a window rule
+#     configured with "skip" only warns: by then the update is applied; per-step rules did the skipping).
+# Too many skips within guards.skip_window escalates to a rollback. Everything the guardian remembers is a
+# JSON dict kept in TrainState.guards, so it survives restarts and rollbacks.
+
+
+def check_update(
+    history: Sequence[Record], step: int, loss: float, grad_norm: float, ratio_max: float, reward_std: float,
+    cfg: GuardsConfig,
+) -> Finding | None:
+    """Judge one update before it is applied. Returns the finding that says to skip it, or None."""
+    rec = {"step": step, "loss/total": loss, "grad_norm": grad_norm}
+    if cfg.nonfinite.enabled and (f := nonfinite([rec], cfg.nonfinite)) is not None and f.severity == "critical":
+        return f
+    if cfg.grad_spike.enabled and (f := grad_spike([*history, rec], cfg.grad_spike)) is not None:
+        if f.severity == "critical":
+            return f
+    if cfg.exact_zero.enabled and grad_norm == 0.0 and reward_std > 1e-9:  # not float noise of equal rewards
+        return _finding(
+            "exact_zero", "critical", (step, step), {"grad_norm": 0.0, "reward_std": reward_std},
+            "the gradient is exactly zero although rewards vary within the batch: the update computes nothing",
+            "check that the policy is trainable (requires_grad) and that advantages reach the loss",
+            "skip",
+        )
+    t = cfg.ratio_outlier
+    if t.enabled and math.isfinite(ratio_max) and ratio_max > t.max_ratio:
+        return _finding(
+            "ratio_outlier", "critical", (step, step), {"ratio_max": ratio_max, "max_ratio": t.max_ratio},
+            f"an importance ratio of {ratio_max:.3g} is far outside the trust region",
+            "lower algo.lr, algo.ppo_epochs or algo.minibatches, or check sampler/trainer log-prob agreement",
+            t.action,
+        )
+    return None
+
+
+class Guardian:
+    """Turns findings into decisions and remembers what it decided (state: a JSON dict)."""
+
+    def __init__(self, cfg: GuardsConfig, state: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.state = state
+        state.setdefault("skipped_steps", 0)
+        state.setdefault("recent_skips", [])
+        state.setdefault("rollbacks", 0)
+        state.setdefault("lr_scale", 1.0)
+        state.setdefault("active", {})
+
+    def record_skip(self, step: int) -> bool:
+        """Count a skipped update; True when skips within the window call for a rollback."""
+        self.state["skipped_steps"] += 1
+        recent = [s for s in self.state["recent_skips"] if s > step - self.cfg.skip_window] + [step]
+        self.state["recent_skips"] = recent
+        return len(recent) >= self.cfg.max_skips_in_window
+
+    def after_step(self, history: Sequence[Record]) -> tuple[Action, list[Finding], list[Finding]]:
+        """(action, findings that are new or changed severity since last step, all current findings)."""
+        findings = check(history, self.cfg) if self.cfg.enabled else []
+        active = {f.name: f.severity for f in findings}
+        changed = [f for f in findings if self.state["active"].get(f.name) != f.severity]
+        self.state["active"] = active
+        action = strongest_action(findings)
+        if action == "skip":
+            action = "warn"
+        return action, changed, findings
+
+    @property
+    def healthy(self) -> bool:
+        """No critical finding holds: a checkpoint taken now is a valid rollback target."""
+        return "critical" not in self.state["active"].values()
+
+    def can_roll_back(self) -> bool:
+        return self.state["rollbacks"] < self.cfg.max_rollbacks

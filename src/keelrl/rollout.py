@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from keelrl.algo.logprobs import Autocast, autocast_context, supports_prefix_sharing
 from keelrl.supervisor import pulse
 from keelrl.tasks.base import Prompt, Template
 
@@ -195,11 +196,27 @@ def _truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 
 class HFSampler:
-    """Batched sampling with a KV cache over a transformers causal LM (left-padded prompts, explicit
-    position ids, finished rows dropped from the batch as they end)."""
+    """Batched sampling with a KV cache over a transformers causal LM.
+
+    How a chunk is generated (the per-token loop is where CPU time goes, so it does little besides the
+    model call):
+    - Each distinct prompt is prefilled once (`share_prefix`): a group's G completions of one prompt copy
+      its keys/values instead of recomputing them, which removes (G - 1) / G of the prefill.
+    - Prompts are left-padded with explicit position ids; the keys/values live in a preallocated cache
+      (`StaticCache`, written in place) rather than one that is re-concatenated every token.
+    - Sampled tokens and log-probs are written into preallocated [B, N] tensors; nothing is converted to
+      Python lists until the chunk is done.
+    - Finished rows are dropped from the batch (cache rows included) once they are a quarter of it, so
+      copying the cache is amortised over several finished rows instead of paid at every EOS.
+    """
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, chunk_size: int = 0
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        chunk_size: int = 0,
+        share_prefix: bool = True,
+        autocast: Autocast = "off",
     ) -> None:
         self.model = model
         self.pad_id = int(
@@ -207,6 +224,8 @@ class HFSampler:
         )
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.chunk_size = chunk_size
+        self.share_prefix = share_prefix
+        self.autocast: Autocast = autocast
         self._version = 0
 
     @property
@@ -229,12 +248,14 @@ class HFSampler:
             return []
         uniforms = row_uniforms(seeds, settings.max_new_tokens)  # [B, N]
         chunk = self.chunk_size or len(prompts)
-        # Generate similar-length prompts together (less padding); results go back in input order.
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        # Generate similar-length prompts together (less padding; identical prompts end up adjacent, so a
+        # group stays in one chunk); results go back in input order.
+        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
         for start in range(0, len(order), chunk):
             idx = order[start : start + chunk]
-            outs = self._generate_chunk([prompts[i] for i in idx], settings, uniforms[idx])
+            with autocast_context(next(self.model.parameters()).device, self.autocast):
+                outs = self._generate_chunk([prompts[i] for i in idx], settings, uniforms[idx])
             for i, out in zip(idx, outs):
                 results[i] = out
         return results  # type: ignore[return-value]
@@ -244,60 +265,111 @@ class HFSampler:
     ) -> list[Generation]:
         model = self.model
         device = next(model.parameters()).device
-        B = len(prompts)
-        P = max(len(p) for p in prompts)
-        input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, P), dtype=torch.long)
-        for i, p in enumerate(prompts):
+        B, N = len(prompts), settings.max_new_tokens
+        # the distinct prompts, and for each row the distinct prompt it continues
+        if self.share_prefix:
+            index: dict[tuple[int, ...], int] = {}
+            src = [index.setdefault(tuple(p), len(index)) for p in prompts]
+            unique = [list(k) for k in index]
+        else:
+            src, unique = list(range(B)), prompts
+        U, P = len(unique), max(len(p) for p in unique)
+        input_ids = torch.full((U, P), self.pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((U, P), dtype=torch.long)
+        for i, p in enumerate(unique):
             input_ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attn[i, P - len(p) :] = 1
-        input_ids, attn = input_ids.to(device), attn.to(device)
-        positions = (attn.cumsum(-1) - 1).clamp_min(0)  # [B, P]
-        stop = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
-
+            prompt_mask[i, P - len(p) :] = 1
+        input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
+        positions = (prompt_mask.cumsum(-1) - 1).clamp_min(0)  # [U, P]
+        # The mask covers the whole cache from the start: completion slots are 1, and causality hides the
+        # ones not yet written.
+        attn = torch.cat([prompt_mask, prompt_mask.new_ones((U, N))], dim=1)  # [U, P + N]
+        cache = _new_cache(model, P + N)
+        static = cache is not None
         cache_arg = _cache_argument(model)
         out = model(
-            input_ids=input_ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1
+            input_ids=input_ids,
+            attention_mask=attn[:, :P],
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_arg: cache},
         )
         cache = out[cache_arg]
-        logits = out.logits[:, -1, :].float()  # [B, V]
-        next_pos = positions[:, -1] + 1  # [B]
+        logits = out.logits[:, -1, :].float()  # [U, V]
+        next_pos = positions[:, -1] + 1  # [U]
+        rows = torch.tensor(src, dtype=torch.long, device=device)  # [B] distinct prompt of each row
+        if U != B or src != list(range(B)):
+            logits, next_pos, attn = logits[rows], next_pos[rows], attn[rows]
+            _select_rows(cache, rows)
 
-        tokens_out: list[list[int]] = [[] for _ in range(B)]
-        logps_out: list[list[float]] = [[] for _ in range(B)]
-        finish: list[FinishReason] = ["length"] * B
-        alive = torch.arange(B, device=device)  # original row index of each live row
-        for t in range(settings.max_new_tokens):
+        stop = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
+        tokens = torch.full((B, N), self.pad_id, dtype=torch.long, device=device)  # [B, N]
+        logps = torch.zeros((B, N), dtype=torch.float32, device=device)  # [B, N]
+        length = torch.full((B,), N, dtype=torch.long, device=device)  # [B] tokens generated per row
+        eos = torch.zeros(B, dtype=torch.bool, device=device)  # [B] row ended with a stop token
+        u = uniforms.to(device)  # [B, N]
+        alive = torch.arange(B, device=device)  # [b] original row of each batch row
+        done = torch.zeros(B, dtype=torch.bool, device=device)  # [b] batch row already finished
+        for t in range(N):
             pulse()
-            tok, logp = sample_from_logits(logits, settings, uniforms[alive.cpu(), t])
-            tok_list, logp_list, alive_list = tok.tolist(), logp.tolist(), alive.tolist()
-            for r, row in enumerate(alive_list):
-                tokens_out[row].append(tok_list[r])
-                logps_out[row].append(logp_list[r])
-            ended = torch.isin(tok, stop)  # [b]
-            for r in ended.nonzero().flatten().tolist():
-                finish[alive_list[r]] = "eos"
-            if t == settings.max_new_tokens - 1:
+            tok, logp = sample_from_logits(logits, settings, u[alive, t])  # [b], [b]
+            live = ~done  # [b]
+            tokens[alive[live], t] = tok[live]
+            logps[alive[live], t] = logp[live]
+            ended = live & torch.isin(tok, stop)  # [b]
+            if bool(ended.any()):
+                length[alive[ended]] = t + 1
+                eos[alive[ended]] = True
+                done = done | ended
+            if t == N - 1 or bool(done.all()):
                 break
-            keep = ~ended
-            if not keep.any():
-                break
-            if not keep.all():
-                sel = keep.nonzero().flatten()
-                alive, tok, next_pos, attn = alive[sel], tok[sel], next_pos[sel], attn[sel]
-                cache.batch_select_indices(sel)
-            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+            n_done = int(done.sum())
+            if n_done and n_done * 4 >= done.numel():
+                keep = (~done).nonzero().flatten()  # [b']
+                alive, tok, next_pos, attn, done = alive[keep], tok[keep], next_pos[keep], attn[keep], done[keep]
+                _select_rows(cache, keep)
             out = model(
                 input_ids=tok[:, None],
-                attention_mask=attn,
+                attention_mask=attn if static else attn[:, : P + t + 1],
                 position_ids=next_pos[:, None],
                 use_cache=True,
                 **{cache_arg: cache},
             )
             cache = out[cache_arg]
-            logits = out.logits[:, -1, :].float()
+            logits = out.logits[:, -1, :].float()  # [b, V]
             next_pos = next_pos + 1
-        return [Generation(tokens_out[i], logps_out[i], finish[i]) for i in range(B)]
+        tok_rows, lp_rows, lengths, eos_rows = tokens.tolist(), logps.tolist(), length.tolist(), eos.tolist()
+        return [
+            Generation(tok_rows[i][: lengths[i]], lp_rows[i][: lengths[i]], "eos" if eos_rows[i] else "length")
+            for i in range(B)
+        ]
+
+
+def _new_cache(model: PreTrainedModel, max_len: int) -> Any:
+    """A preallocated KV cache of `max_len` positions (written in place), or None (the model makes its own
+    growing cache) for models whose cache is not a plain full-attention one."""
+    from transformers import StaticCache
+
+    if not supports_prefix_sharing(model):
+        return None
+    try:
+        return StaticCache(config=model.config, max_cache_len=max_len)
+    except TypeError:  # transformers < 4.56 wants the batch size up front: let the model grow its own cache
+        return None
+
+
+def _select_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep (or repeat) batch rows `rows` [b'] of every layer of the cache, in that order."""
+    if not hasattr(cache, "layers"):  # transformers < 4.56
+        cache.batch_select_indices(rows)
+        return
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False):
+            layer.keys = layer.keys[rows]
+            layer.values = layer.values[rows]
+            if hasattr(layer, "batch_size"):
+                layer.batch_size = int(rows.numel())
 
 
 def _cache_argument(model: PreTrainedModel) -> str:

@@ -46,6 +46,8 @@ HEARTBEAT_FILE = "heartbeat.json"
 WORKER_LOG = "worker.log"
 ENV_SUPERVISED = "KEELRL_SUPERVISED"
 POLL_S = 0.25
+EXIT_USER_ERROR = 2  # the worker's exit status for a mistake in the config or command line
+EXIT_GUARD_STOP = 3  # a guard stopped the run on purpose (keelrl.trainer.GuardStop)
 
 
 class Heartbeat:
@@ -99,6 +101,16 @@ class Attempt:
     end_step: int | None = None
     returncode: int | None = None
     cause: str = ""
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec: on Linux, ask the kernel to SIGKILL it if the supervisor dies, so a killed
+    supervisor never leaves an unsupervised worker behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _describe_exit(code: int) -> str:
@@ -184,10 +196,11 @@ class Supervisor:
             if self.stop_signals:
                 self._status(state="stopped")
                 return 130
-            if attempt.returncode == 2 and cause == "exit":  # a user error: restarting cannot help
-                self._status(state="failed")
+            if cause == "exit" and attempt.returncode in (EXIT_USER_ERROR, EXIT_GUARD_STOP):
+                # a user error, or a guard that decided to stop: restarting cannot help
+                self._status(state="failed" if attempt.returncode == EXIT_USER_ERROR else "stopped")
                 sys.stderr.write(_log_tail(self.run_dir.path / WORKER_LOG, 5) + "\n")
-                return 2
+                return attempt.returncode
             verdict = self._should_restart(attempt)
             if verdict is not None:
                 self.run_dir.event("gave_up", attempt.end_step or 0, reason=verdict)
@@ -216,7 +229,9 @@ class Supervisor:
         log = open(self.run_dir.path / WORKER_LOG, "ab")
         env = {**os.environ, ENV_SUPERVISED: "1"}
         (self.run_dir.path / HEARTBEAT_FILE).unlink(missing_ok=True)
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
         log.close()
         attempt = Attempt(started=time.time(), start_step=self._restore_step())
         self.attempts.append(attempt)
@@ -251,10 +266,13 @@ class Supervisor:
         return "hang"
 
     def _restore_step(self) -> int | None:
-        from keelrl import checkpoint as ckpt
-
-        path, _ = ckpt.find_resumable(self.run_dir.checkpoints)
-        return None if path is None else int(ckpt.read_manifest(path)["step"])
+        """Step of the newest committed checkpoint (the worker verifies it; a bad one costs more steps)."""
+        for path in sorted(self.run_dir.checkpoints.glob("step_*"), reverse=True):
+            try:
+                return int(json.loads((path / "manifest.json").read_text())["step"])
+            except (FileNotFoundError, json.JSONDecodeError, KeyError):
+                continue
+        return None
 
     def _consecutive_failures(self) -> int:
         """Failures within the restart window (a crash after a long healthy stretch starts the backoff over)."""

@@ -32,13 +32,29 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from keelrl import checkpoint as ckpt
 from keelrl.algo.advantages import compute_advantages
-from keelrl.algo.logprobs import completion_logprobs
+from keelrl.algo.logprobs import Autocast, autocast_context, completion_logprobs
 from keelrl.algo.losses import kl_penalty, ppo_clip_loss, token_weights, truncated_is_weights
-from keelrl.config import AlgoConfig, Config, FaultsConfig, check_batch_arithmetic, config_to_dict
-from keelrl.curriculum import ProblemSource, SequentialSource
+from keelrl.config import (
+    AlgoConfig,
+    Config,
+    FaultsConfig,
+    GuardsConfig,
+    check_batch_arithmetic,
+    config_to_dict,
+)
+from keelrl.curriculum import (
+    GroupOutcome,
+    ProblemSource,
+    fill_batch,
+    has_signal,
+    make_source,
+    refill_budget_prompts,
+    task_metrics,
+)
 from keelrl.distributed import World, all_gather_list, all_reduce_sum, init_world
 from keelrl.evaluate import run_eval, summarize
 from keelrl.faults import FaultInjector
+from keelrl.guards import Finding, Guardian, check_update
 from keelrl.models import load_policy, model_summary, save_hf_dir
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, Sink, TensorBoardSink, WandbSink, tensorboard_available
@@ -65,6 +81,12 @@ SAFE_TO_CHANGE = (
 )
 
 TIMING_KEYS = ("time", "time/", "throughput/")
+
+
+class GuardStop(RuntimeError):
+    """A guard decided the run must stop; the worker exits with EXIT_GUARD_STOP and is not restarted."""
+
+
 
 
 class ResumeError(RuntimeError):
@@ -97,6 +119,9 @@ class Run:
     save_results: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     save_stalls: list[tuple[int, float, float]] = field(default_factory=list)
     stop_requested: bool = False
+    guardian: Guardian = field(default_factory=lambda: Guardian(GuardsConfig(), {}))
+    history: list[dict[str, Any]] = field(default_factory=list)  # metric records so far (what the rules read)
+    escalate: bool = False  # too many skipped updates: roll back after this step
 
     def report_status(self, **fields: Any) -> None:
         """Live status: the heartbeat always; status.json too unless a supervisor owns it."""
@@ -173,7 +198,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         ref, _ = load_policy(cfg.model)
         ref.to(world.device).eval().requires_grad_(False)
     state = TrainState(step=0, policy=policy, optimizer=optimizer, scheduler=scheduler, ref_policy=ref)
-    source = SequentialSource(task)
+    source = make_source(task, cfg.curriculum, cfg.train.seed)
 
     r = cfg.rollout
     run = Run(
@@ -183,7 +208,10 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         tokenizer=tokenizer,
         task=task,
         template=template,
-        sampler=HFSampler(policy, tokenizer, chunk_size=r.chunk_size),
+        sampler=HFSampler(
+            policy, tokenizer, chunk_size=r.chunk_size, share_prefix=cfg.train.share_prefix,
+            autocast=cfg.train.autocast,
+        ),
         source=source,
         settings=SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
         eval_settings=SamplingSettings(
@@ -201,6 +229,8 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     source.load_state_dict(state.curriculum)
     run.sampler.sync_weights(policy, state.policy_version)
     run.ckpt_policy.observe_failures(*observed_failures(run_dir))
+    run.guardian = Guardian(cfg.guards, state.guards)
+    run.history = run_dir.metrics() if world.is_writer else []
     if world.is_writer:
         run_dir.write_config(config_dict)
         _open_sinks(run, state, config_dict)
@@ -261,11 +291,12 @@ def _open_sinks(run: Run, state: TrainState, config_dict: dict[str, Any]) -> Non
 # ----------------------------------------------------------------------------------------------- phases
 
 
-def sample_phase(run: Run, state: TrainState) -> list[Rollout]:
+def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int = 0) -> list[Rollout]:
     """Draw this step's prompts (all ranks see the same global list, each samples its shard) and generate
-    group_size completions per prompt."""
+    group_size completions per prompt. `n` prompts (default: the step's), `attempt` > 0 for dynamic-sampling
+    refills (fresh sampling seeds)."""
     cfg, world = run.cfg, run.world
-    problems = run.source.next_problems(cfg.prompts_per_step)
+    problems = run.source.next_problems(cfg.prompts_per_step if n is None else n)
     per_rank = len(problems) // world.world_size
     mine = list(enumerate(problems))[world.rank * per_rank : (world.rank + 1) * per_rank]
     G = cfg.rollout.group_size
@@ -274,7 +305,8 @@ def sample_phase(run: Run, state: TrainState) -> list[Rollout]:
         ids, prefix = _prompt_ids(run, index, problem)
         for k in range(G):
             prompts.append(ids)
-            seeds.append(stable_hash("sample", cfg.train.seed, state.step, group * G + k))
+            refill = ("refill", attempt) if attempt else ()
+            seeds.append(stable_hash("sample", cfg.train.seed, state.step, state.guards.get("rollbacks", 0), group * G + k, *refill))
             meta.append((group, index, problem, prefix))
     gens = run.sampler.generate(prompts, run.settings, seeds)
     rollouts = []
@@ -338,6 +370,64 @@ def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> dict[st
         run.event("score_errors", state.step, count=len(errors), first=errors[0],
                   injected=any("injected fault" in e for e in errors))
     return {"reward/errors": float(len(errors))}
+
+
+def curriculum_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> tuple[list[Rollout], dict[str, float]]:
+    """Dynamic sampling (when on): replace groups without reward variance by groups of newly drawn prompts,
+    reusing sample_phase and score_phase, within curriculum.refill_budget. Then the problem source observes
+    every group generated this step (all ranks). Returns the batch to train on and the step's
+    curriculum/... and task/... metrics."""
+    cfg, world = run.cfg, run.world
+    G = cfg.rollout.group_size
+    groups = [rollouts[i : i + G] for i in range(0, len(rollouts), G)]
+    out: dict[str, float] = {}
+    generated = groups
+    if cfg.curriculum.dynamic_sampling:
+        errors = 0.0
+
+        def draw(n: int, attempt: int) -> list[list[Rollout]]:
+            nonlocal errors
+            new = sample_phase(run, state, n, attempt)
+            errors += score_phase(run, state, new)["reward/errors"]
+            return [new[i : i + G] for i in range(0, len(new), G)]
+
+        refill = fill_batch(
+            groups,
+            len(groups),
+            draw,
+            lambda g: has_signal([r.reward for r in g]),
+            refill_budget_prompts(cfg.curriculum.refill_budget, cfg.prompts_per_step, world.world_size),
+            world.world_size,
+            reduce_max=lambda x: int(max(all_gather_list([x], world))),
+            reduce_sum=lambda x: int(all_reduce_sum(x, world)),
+        )
+        generated = refill.generated
+        for j, group in enumerate(refill.batch):
+            for r in group:
+                r.group = world.rank * len(groups) + j
+        rollouts = [r for group in refill.batch for r in group]
+        out.update(refill.stats.metrics())
+        out["curriculum/generated_samples"] = all_reduce_sum(len(generated) * G, world)
+        out["reward/errors"] = errors
+        if refill.stats.exhausted:
+            streak = 1
+            for record in reversed(run.history):
+                if record.get("curriculum/budget_exhausted") != 1.0:
+                    break
+                streak += 1
+            if streak & (streak - 1) == 0:  # the 1st, 2nd, 4th, 8th... exhausted step in a row
+                run.event(
+                    "dynamic_sampling_exhausted", state.step + 1, steps_in_a_row=streak,
+                    dropped_groups=refill.stats.dropped, regenerated_prompts=refill.stats.regenerated,
+                    degenerate_groups_trained=refill.stats.filled_degenerate,
+                    message="refill budget spent before every group had reward variance; trained on the batch as is",
+                )
+    local = [(g[0].problem, tuple(r.reward for r in g), tuple(r.correct for r in g)) for g in generated]
+    outcomes = [GroupOutcome(p, rw, c) for p, rw, c in all_gather_list(local, world)]
+    run.source.observe(outcomes)
+    out.update(run.source.metrics())
+    out.update(task_metrics(outcomes))
+    return rollouts, out
 
 
 def advantage_phase(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
@@ -416,16 +506,32 @@ def collate(rollouts: list[Rollout], pad_id: int, device: torch.device) -> Train
     )
 
 
-def micro_batches(batch: TrainBatch, idx: torch.Tensor, size: int) -> list[TrainBatch]:
-    """Split the mini-batch `idx` into micro-batches of similar lengths (less padding). The loss does not
-    depend on the split: weights use global counts."""
-    order = idx[torch.argsort(batch.lengths[idx], stable=True)]
+def micro_batches(
+    batch: TrainBatch, idx: torch.Tensor, size: int, group_prompts: bool = False
+) -> list[TrainBatch]:
+    """Split the mini-batch `idx` into micro-batches of similar lengths (less padding). With `group_prompts`
+    (prefix sharing), rows with the same prompt are kept next to each other (ordered by prompt length, prompt,
+    then length), so a micro-batch holds few distinct prompts and runs each once. The loss does not depend on
+    the split: weights use global counts."""
+    if not group_prompts:
+        order = idx[torch.argsort(batch.lengths[idx], stable=True)]
+    else:
+        mask = batch.target_mask[idx].bool()  # [b, T]
+        first = torch.where(mask.any(dim=1), mask.float().argmax(dim=1), batch.lengths[idx] - 1).tolist()
+        ids, lengths = batch.input_ids[idx].tolist(), batch.lengths[idx].tolist()
+        keys = [(first[i], ids[i][: first[i]], lengths[i]) for i in range(len(first))]
+        order = idx[torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.long, device=idx.device)]
     return [batch.select(order[i : i + size]) for i in range(0, len(order), size)]
 
 
 @torch.no_grad()
 def forward_logprobs(
-    model: PreTrainedModel, batch: TrainBatch, micro_batch_size: int, temperature: float
+    model: PreTrainedModel,
+    batch: TrainBatch,
+    micro_batch_size: int,
+    temperature: float,
+    share_prefix: bool = True,
+    autocast: Autocast = "off",
 ) -> torch.Tensor:
     """Log-probs [B, T] of every completion token of the batch under `model`, micro-batched, no gradient."""
     out = torch.zeros_like(batch.sampler_logprobs)
@@ -433,7 +539,10 @@ def forward_logprobs(
     for start in range(0, B, micro_batch_size):
         idx = torch.arange(start, min(start + micro_batch_size, B), device=batch.input_ids.device)
         mb = batch.select(idx)
-        lp, _ = completion_logprobs(model, mb.input_ids, mb.attention_mask, mb.target_mask, temperature)
+        with autocast_context(mb.input_ids.device, autocast):
+            lp, _ = completion_logprobs(
+                model, mb.input_ids, mb.attention_mask, mb.target_mask, temperature, share_prefix=share_prefix
+            )
         out[idx, : lp.shape[1]] = lp
     return out
 
@@ -446,11 +555,13 @@ def prepare_batch(
     cfg, a, world = run.cfg, run.cfg.algo, run.world
     batch = collate(rollouts, run.tokenizer.pad_token_id or 0, world.device)
     temp, mbs = run.settings.temperature, cfg.train.micro_batch_size
-    metrics: dict[str, float] = {}
+    # tokens the update runs the model over (prompt + completion, no padding), global
+    metrics: dict[str, float] = {"tokens/trained": all_reduce_sum(float(batch.lengths.sum()), world)}
+    share, autocast = cfg.train.share_prefix, cfg.train.autocast
     if state.ref_policy is not None:
-        batch.ref_logprobs = forward_logprobs(state.ref_policy, batch, mbs, temp)
+        batch.ref_logprobs = forward_logprobs(state.ref_policy, batch, mbs, temp, share, autocast)
     if a.old_logprobs == "recompute" or a.tis_cap > 0:
-        batch.old_logprobs = forward_logprobs(state.policy, batch, mbs, temp)
+        batch.old_logprobs = forward_logprobs(state.policy, batch, mbs, temp, share, autocast)
         metrics.update(mismatch_metrics(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, world))
     else:
         batch.old_logprobs = batch.sampler_logprobs
@@ -473,15 +584,16 @@ def mismatch_metrics(
     }
 
 
-def update_phase(run: Run, state: TrainState, batch: TrainBatch) -> dict[str, float]:
+def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: float) -> dict[str, float]:
     """PPO-style update: `ppo_epochs` passes, each split into `minibatches` optimizer steps, each
-    accumulated over micro-batches with global-count loss weights."""
+    accumulated over micro-batches with global-count loss weights. Each optimizer step is first judged
+    by the per-step guards and skipped (gradient dropped) when one fires."""
     cfg, a, world = run.cfg, run.cfg.algo, run.world
     policy = state.policy
     B = batch.input_ids.shape[0]
     sums: dict[str, float] = {}
     ratio_max = 0.0
-    skipped = 0
+    skipped = nonfinite = 0
     lr = state.optimizer.param_groups[0]["lr"]
     mb_size = B // a.minibatches
     for epoch in range(a.ppo_epochs):
@@ -502,6 +614,8 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch) -> dict[str, fl
                 run.settings.temperature,
                 cfg.rollout.max_new_tokens,
                 world,
+                share_prefix=cfg.train.share_prefix,
+                autocast=cfg.train.autocast,
             )
             ratio_max = max(ratio_max, stats.pop("ratio/max"))
             for key, value in stats.items():
@@ -509,9 +623,19 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch) -> dict[str, fl
             run.faults.corrupt_gradients(state.step + 1, policy)
             grad_norm = grad_norm_and_clip(policy, a.grad_clip)
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
-            if not math.isfinite(grad_norm):
+            finding = None
+            if run.cfg.guards.enabled:
+                finding = check_update(
+                    run.history, state.step + 1, stats.get("loss/total", 0.0), grad_norm, ratio_max, reward_std,
+                    run.cfg.guards,
+                )
+            if finding is not None and finding.action == "skip":
                 state.optimizer.zero_grad(set_to_none=True)
                 skipped += 1
+                nonfinite += finding.name == "nonfinite"
+                run.escalate = run.guardian.record_skip(state.step + 1) or run.escalate
+                run.event("skip", state.step + 1, rule=finding.name, evidence=finding.evidence, message=finding.message,
+                          epoch=epoch, minibatch=m)
                 continue
             state.optimizer.step()
     state.scheduler.step()
@@ -521,7 +645,8 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch) -> dict[str, fl
     out = {k: v / passes for k, v in sums.items()}
     out["ratio/max"] = ratio_max
     out["lr"] = lr
-    out["guard/nonfinite_updates"] = float(skipped)
+    out["guard/skipped_updates"] = float(skipped)
+    out["guard/nonfinite_updates"] = float(nonfinite)
     return out
 
 
@@ -534,6 +659,8 @@ def minibatch_backward(
     temperature: float,
     max_new_tokens: int,
     world: World,
+    share_prefix: bool = True,
+    autocast: Autocast = "off",
 ) -> dict[str, float]:
     """Accumulate into .grad the gradient of the mini-batch `idx`'s loss, one micro-batch at a time.
     Every micro-batch is weighted with the mini-batch's global token and sequence counts, so the summed
@@ -547,17 +674,19 @@ def minibatch_backward(
     def add(key: str, value: float) -> None:
         sums[key] = sums.get(key, 0.0) + value
 
-    for mb in micro_batches(batch, idx, micro_batch_size):
+    for mb in micro_batches(batch, idx, micro_batch_size, group_prompts=share_prefix):
         pulse()
-        lp, ent = completion_logprobs(
-            policy,
-            mb.input_ids,
-            mb.attention_mask,
-            mb.target_mask,
-            temperature,
-            with_entropy=True,
-            entropy_grad=a.entropy_coef > 0,
-        )  # [b, T]
+        with autocast_context(mb.input_ids.device, autocast):
+            lp, ent = completion_logprobs(
+                policy,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.target_mask,
+                temperature,
+                with_entropy=True,
+                entropy_grad=a.entropy_coef > 0,
+                share_prefix=share_prefix,
+            )  # [b, T]
         assert mb.old_logprobs is not None and ent is not None
         w = token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens)  # [b, T]
         adv = mb.advantages[:, None].expand_as(lp)  # [b, T]
@@ -674,12 +803,12 @@ def save_checkpoint(run: Run, state: TrainState, metrics: dict[str, float], reas
     snap = ckpt.snapshot(state, run.tokenizer, config_to_dict(cfg), extra)
     stall = time.perf_counter() - t0
     if run.saver is not None:
-        stall += run.saver.submit(snap, run.run_dir.checkpoints, True, write=True)
+        stall += run.saver.submit(snap, run.run_dir.checkpoints, run.guardian.healthy, write=True)
         if wait:
             run.saver.wait()
     else:
         try:
-            path = ckpt.write_snapshot(snap, run.run_dir.checkpoints)
+            path = ckpt.write_snapshot(snap, run.run_dir.checkpoints, run.guardian.healthy)
             run.save_results.put((path, None, snap))
         except ckpt.CheckpointError as err:
             run.save_results.put((None, err, snap))
@@ -719,6 +848,7 @@ def update_best(run: Run, state: TrainState, metrics: dict[str, float]) -> bool:
 
 def log_step(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
     record = {"step": state.step, "time": time.time(), **metrics}
+    run.history.append(record)
     run.run_dir.append_metrics(record)
     for sink in run.sinks:
         sink.log(state.step, record)
@@ -734,20 +864,26 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     run.heartbeat.beat(phase="score")
     metrics = score_phase(run, state, rollouts)
     t2 = time.perf_counter()
+    rollouts, chosen = curriculum_phase(run, state, rollouts)
+    metrics["reward/errors"] += chosen.pop("reward/errors", 0.0)
+    metrics.update(chosen)
+    tc = time.perf_counter()
     run.heartbeat.beat(phase="update")
     metrics.update(rollout_metrics(run, rollouts))
     metrics.update(advantage_phase(run, rollouts))
     batch, prep = prepare_batch(run, state, rollouts)
     metrics.update(prep)
-    metrics.update(update_phase(run, state, batch))
+    metrics.update(update_phase(run, state, batch, metrics["reward/std"]))
     t3 = time.perf_counter()
     state.step += 1
     state.curriculum = run.source.state_dict()
+    metrics["guard/skipped_steps"] = float(state.guards.get("skipped_steps", 0))
     metrics.update(
         {
             "time/gen_s": t1 - t0,
             "time/score_s": t2 - t1,
-            "time/train_s": t3 - t2,
+            "time/refill_s": tc - t2,
+            "time/train_s": t3 - tc,
             "time/step_s": t3 - t0,
             "throughput/tokens_per_s": metrics["tokens/generated"] / max(t3 - t0, 1e-9),
         }
@@ -757,6 +893,94 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
         stride = max(1, len(rollouts) // n)
         run.run_dir.append_rollouts([r.to_json(state.step) for r in rollouts[::stride][:n]])
     return metrics
+
+
+# ---------------------------------------------------------------------------------------------- guards
+
+
+def guard_phase(run: Run, state: TrainState) -> str:
+    """Run the divergence rules on the history so far and act: returns "ok", "rollback" (done) or "stop"."""
+    if not run.world.is_writer:
+        return "ok"
+    action, changed, findings = run.guardian.after_step(run.history)
+    for f in changed:
+        run.event("guard", state.step, rule=f.name, severity=f.severity, action=f.action, first_step=f.steps[0],
+                  evidence=f.evidence, message=f.message, suggestion=f.suggestion)
+    trigger = next((f for f in findings if f.action == action), None)
+    if run.escalate:
+        run.escalate = False
+        recent = run.guardian.state["recent_skips"]
+        trigger = Finding("too_many_skips", "critical", (recent[0], state.step), {"skips": float(len(recent))},
+                          f"{len(recent)} updates skipped within {run.cfg.guards.skip_window} steps",
+                          "see the skip events for which guard fired", "rollback")
+        action = "rollback"
+    if action == "rollback" and trigger is not None:
+        return "rollback" if rollback(run, state, trigger) else "stop"
+    if action == "stop" and trigger is not None:
+        run.event("guard_stop", state.step, rule=trigger.name, evidence=trigger.evidence, message=trigger.message,
+                  suggestion=trigger.suggestion)
+        return "stop"
+    return "ok"
+
+
+def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
+    """Return to the newest verified checkpoint marked healthy and taken before the trouble began, skip the
+    problems drawn since (they are not replayed), optionally scale the learning rate. Checkpoints after the
+    target are set aside (renamed `rolled_back-...`), so a crash now cannot resume into the trouble.
+    Returns False when no rollback is possible (none left, or no healthy checkpoint): the run then stops."""
+    cfg = run.cfg.guards
+    if not run.guardian.can_roll_back():
+        run.event("guard_stop", state.step, rule=trigger.name, reason=f"guards.max_rollbacks={cfg.max_rollbacks} used up",
+                  evidence=trigger.evidence, message=trigger.message)
+        return False
+    if run.saver is not None:
+        run.saver.wait()
+    collect_saves(run)
+    target = None
+    for path in ckpt.committed(run.run_dir.checkpoints):
+        manifest_ok = ckpt.verify(path) is None and ckpt.read_manifest(path).get("healthy", True)
+        if manifest_ok and int(ckpt.read_manifest(path)["step"]) < trigger.steps[0]:
+            target = path
+            break
+    if target is None:
+        run.event("guard_stop", state.step, rule=trigger.name, reason="no healthy checkpoint from before the trouble",
+                  evidence=trigger.evidence, message=trigger.message)
+        return False
+    guards = dict(run.guardian.state)
+    cursor = run.source.state_dict()
+    from_step = state.step
+    ckpt.load_into(target, state)
+    guards["rollbacks"] += 1
+    guards["lr_scale"] *= cfg.rollback_lr_scale
+    guards["recent_skips"], guards["active"] = [], {}
+    state.guards = guards
+    run.guardian = Guardian(cfg, state.guards)
+    run.source.load_state_dict(cursor)
+    state.curriculum = cursor
+    if cfg.rollback_lr_scale != 1.0:
+        sched = state.scheduler
+        sched.base_lrs = [lr * cfg.rollback_lr_scale for lr in sched.base_lrs]
+        for group, lr in zip(state.optimizer.param_groups, sched.get_last_lr()):
+            group["lr"] = lr * cfg.rollback_lr_scale
+    for path in ckpt.committed(run.run_dir.checkpoints):
+        if int(path.name.removeprefix("step_")) > state.step:
+            path.rename(path.with_name(f"rolled_back-{path.name}-r{guards['rollbacks']}"))
+    run.run_dir.truncate_after(state.step)
+    run.history = [r for r in run.history if int(r.get("step", -1)) <= state.step]
+    run.sampler.sync_weights(state.policy, state.policy_version)
+    run.event("rollback", from_step, to_step=state.step, checkpoint=target.name, rule=trigger.name,
+              evidence=trigger.evidence, message=trigger.message, lr_scale=guards["lr_scale"],
+              rollbacks=guards["rollbacks"], skipped_problems_from=cursor)
+    save_checkpoint(run, state, {}, "rollback", wait=True)
+    return True
+
+
+def stop_run(run: Run, state: TrainState) -> dict[str, Any]:
+    """A guard asked to stop: keep a checkpoint of where we are (marked unhealthy) and say why."""
+    save_checkpoint(run, state, {}, "stopped", wait=True)
+    collect_saves(run)
+    run.report_status(state="stopped", step=state.step)
+    raise GuardStop(f"stopped by guards at step {state.step}; see events.jsonl (kind guard_stop) and `keelrl doctor`")
 
 
 def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dict[str, Any]:
@@ -785,6 +1009,11 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
                 metrics.update(eval_phase(run, state))
             new_best = update_best(run, state, metrics)
             log_step(run, state, metrics)
+            verdict = guard_phase(run, state)
+            if verdict == "stop":
+                return stop_run(run, state)
+            if verdict == "rollback":
+                continue
             keep_best = new_best and cfg.checkpoint.keep_best > 0 and state.step < cfg.train.steps
             if run.ckpt_policy.due(state.step) or keep_best or run.faults.save_forced(state.step):
                 save_checkpoint(run, state, metrics, "best" if keep_best else "interval")
@@ -793,6 +1022,8 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             if run.stop_requested:
                 return preempt(run, state, metrics)
         summary = finish(run, state)
+    except GuardStop:
+        raise
     except BaseException:
         run.report_status(state="failed", step=state.step)
         raise

@@ -30,7 +30,7 @@ def test_malformed_config(tmp_path: Path, capsys) -> None:
 def test_missing_model_path(tmp_path: Path, capsys) -> None:
     code, err = _run(["train", "configs/smoke.toml", "--set", f'model.path="{tmp_path}/nope"', "--run-dir", str(tmp_path / "r")], capsys)
     assert code == 2 and "does not exist" in err and str(tmp_path / "nope") in err
-    with pytest.raises(ModelLoadError, match="no config.json"):
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
         load_policy(ModelConfig(path=str(tmp_path)))
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a gguf file")

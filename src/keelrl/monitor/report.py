@@ -38,6 +38,14 @@ PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Learning rate", ("lr",), "lr"),
 )
 
+# Metric families whose keys depend on the run (title, key prefix, key suffix, y-axis label): drawn after
+# PLOTS, one series per key, only when a run logged them.
+FAMILY_PLOTS: tuple[tuple[str, str, str, str], ...] = (
+    ("Curriculum: estimated pass rate per bucket", "curriculum/pass_rate/", "", "pass rate (posterior mean)"),
+    ("Curriculum: sampling weight per bucket", "curriculum/weight/", "", "share of prompts"),
+    ("Task mixture: accuracy per task", "task/", "/accuracy", "fraction"),
+)
+
 # Event kinds drawn on the step axis, with their colour.
 EVENT_COLORS = {
     "restart": "#d62728",
@@ -278,9 +286,15 @@ def _markers(run: RunData, tag: str) -> list[tuple[float, str, str]]:
 
 
 def _plots(runs: Sequence[tuple[str, RunData]]) -> list[str]:
+    plots = list(PLOTS)
+    for title, prefix, suffix, y_label in FAMILY_PLOTS:
+        logged = {k for _, run in runs for m in run.metrics for k in m}
+        keys = sorted(k for k in logged if k.startswith(prefix) and k.endswith(suffix))
+        if keys:
+            plots.append((title, tuple(keys), y_label))
     out = []
     compare = len(runs) > 1
-    for title, keys, y_label in PLOTS:
+    for title, keys, y_label in plots:
         series: list[Series] = []
         markers: list[tuple[float, str, str]] = []
         for ri, (name, run) in enumerate(runs):

@@ -13,7 +13,7 @@ from keelrl.tasks.multiply import Multiply
 
 __all__ = ["TASK_NAMES", "Prompt", "Score", "Split", "Task", "TaskError", "Template", "get_task"]
 
-TASK_NAMES = ("countdown", "multiply", "code")
+TASK_NAMES = ("countdown", "multiply", "code", "mixture")
 
 
 class TaskError(ValueError):
@@ -32,6 +32,10 @@ def get_task(name: str, seed: int = 0, **params: Any) -> Task:
             from keelrl.tasks.code import CodeTask  # imports the sandbox only when used
 
             return CodeTask(seed=seed, **params)
+        if name == "mixture":
+            from keelrl.tasks.mixture import TaskMixture
+
+            return TaskMixture(seed=seed, **params)
     except ValidationError as err:
         problems = "; ".join(
             f"`{'.'.join(map(str, e['loc'])) or name}`: {e['msg'].removeprefix('Value error, ')}"

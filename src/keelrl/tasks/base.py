@@ -62,6 +62,28 @@ class Task(Protocol):
         ...
 
 
+@runtime_checkable
+class BucketedTask(Protocol):
+    """Optional addition to `Task`: problems drawn from a named difficulty bucket (what an adaptive
+    curriculum steers). `difficulty(problem_in(b, split, i)) == b`; like `problem`, `problem_in` is a pure
+    function of (seed, bucket, split, index) and train and test never share a problem."""
+
+    def buckets(self) -> list[str]:
+        """Bucket names, easiest first."""
+        ...
+
+    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]: ...
+
+
+def task_buckets(task: Task) -> list[str] | None:
+    """The task's difficulty ladder (easiest first), or None when it cannot draw problems by bucket."""
+    return list(task.buckets()) if isinstance(task, BucketedTask) else None
+
+
+def unknown_bucket(task_name: str, bucket: str, buckets: list[str]) -> ValueError:
+    return ValueError(f"task {task_name}: no difficulty bucket {bucket!r}; its buckets are {', '.join(buckets)}")
+
+
 def score_batch(task: Task, problems: list[dict[str, Any]], completions: list[str]) -> list[Score]:
     """Score many completions: the task's own `score_many` when it has one (e.g. the code task runs its
     sandboxes in parallel), otherwise `score` one by one."""

@@ -52,6 +52,7 @@ from keelrl.tasks.base import (
     Template,
     in_test_split,
     stable_hash,
+    unknown_bucket,
 )
 
 logger = logging.getLogger("keelrl.tasks.code")
@@ -289,6 +290,25 @@ class CodeTask:
 
     def difficulty(self, problem: dict[str, Any]) -> str:
         return str(problem.get("difficulty", "unknown"))
+
+    def buckets(self) -> list[str]:
+        """The `difficulty` values of the train split: easy, medium, hard first, then any others by name."""
+        found = {self.difficulty(p) for p in self.splits["train"]}
+        known = [b for b in ("easy", "medium", "hard") if b in found]
+        return known + sorted(found - set(known))
+
+    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
+        """The `index`-th problem of `split` with difficulty `bucket`: a seeded permutation of those
+        problems, a new one each pass (problems repeat, so a curriculum can track each one)."""
+        if bucket not in self.buckets():
+            raise unknown_bucket(self.name, bucket, self.buckets())
+        items = [p for p in self.splits[split] if self.difficulty(p) == bucket]
+        if not items:
+            raise ValueError(f"task code: the {split} split has no problem of difficulty {bucket!r}")
+        epoch, pos = divmod(index, len(items))
+        order = list(range(len(items)))
+        random.Random(stable_hash("code", self.seed, split, bucket, epoch)).shuffle(order)
+        return dict(items[order[pos]])
 
     # ------------------------------------------------------------------------------------- batches
 

@@ -42,6 +42,7 @@ from keelrl.tasks.base import (
     in_test_split,
     last_answer,
     stable_hash,
+    unknown_bucket,
 )
 
 MAX_ANSWER_CHARS = 200
@@ -276,7 +277,7 @@ class Countdown:
     def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
         numbers, target = problem["numbers"], problem["target"]
         if template == "compact":
-            return Prompt("", f"{' '.join(map(str, numbers))} -> {target}", "<answer>")
+            return Prompt("", f"{' '.join(map(str, numbers))} -> {target}", "")
         user = USER_TEXT.format(numbers=list(numbers), target=target)
         return Prompt(SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, user, THINK_PREFIX)
 
@@ -285,6 +286,26 @@ class Countdown:
 
     def difficulty(self, problem: dict[str, Any]) -> str:
         return f"n{len(problem['numbers'])}"
+
+    def buckets(self) -> list[str]:
+        """Difficulty buckets, easiest first: one per count of numbers, n{min_numbers} .. n{max_numbers}."""
+        return [f"n{k}" for k in range(self.params.min_numbers, self.params.max_numbers + 1)]
+
+    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
+        """The `index`-th problem of `split` with the bucket's count of numbers (its own seeded stream;
+        split by number multiset like `problem`, so train and test stay disjoint)."""
+        if bucket not in self.buckets():
+            raise unknown_bucket(self.name, bucket, self.buckets())
+        p, n = self.params, int(bucket[1:])
+        for attempt in range(10_000):
+            rng = random.Random(stable_hash("countdown", self.seed, split, bucket, index, attempt))
+            numbers = [rng.randint(p.min_number, p.max_number) for _ in range(n)]
+            if in_test_split(tuple(sorted(numbers)), self.seed, p.test_fraction) != (split == "test"):
+                continue
+            made = random_expression(numbers, rng)
+            if made is not None and p.min_target <= made[1] <= p.max_target:
+                return {"numbers": numbers, "target": made[1]}
+        raise RuntimeError(f"countdown: no {split} problem in bucket {bucket} for index {index} with {p}; widen the ranges")
 
 
 def solve(numbers: list[int], target: int) -> str | None:

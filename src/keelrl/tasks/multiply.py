@@ -12,7 +12,7 @@ import random
 import re
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from keelrl.tasks.base import (
     SYSTEM_BASE,
@@ -26,6 +26,7 @@ from keelrl.tasks.base import (
     in_test_split,
     last_answer,
     stable_hash,
+    unknown_bucket,
 )
 
 USER_TEXT = (
@@ -42,6 +43,22 @@ class MultiplyParams(TaskParams):
     test_fraction: float = Field(
         0.1, gt=0.0, lt=1.0, description="Share of factor pairs reserved for the test split."
     )
+    min_digits: int = Field(
+        1,
+        ge=1,
+        le=12,
+        description="First rung of the difficulty ladder an adaptive curriculum climbs: buckets go from "
+        "min_digits x min_digits up to digits_a x digits_b, one digit more per factor per rung (problem() "
+        "always draws digits_a x digits_b).",
+    )
+
+    @model_validator(mode="after")
+    def _ladder(self) -> MultiplyParams:
+        if self.min_digits > max(self.digits_a, self.digits_b):
+            raise ValueError(
+                f"min_digits={self.min_digits} is above both digits_a={self.digits_a} and digits_b={self.digits_b}"
+            )
+        return self
 
 
 def parse_integer(text: str) -> int | None:
@@ -69,7 +86,7 @@ class Multiply:
     def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
         a, b = problem["a"], problem["b"]
         if template == "compact":
-            return Prompt("", f"{a}*{b}", "<answer>")
+            return Prompt("", f"{a}*{b}", "")
         return Prompt(
             SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, USER_TEXT.format(a=a, b=b), THINK_PREFIX
         )
@@ -87,3 +104,22 @@ class Multiply:
 
     def difficulty(self, problem: dict[str, Any]) -> str:
         return f"{len(str(problem['a']))}x{len(str(problem['b']))}"
+
+    def buckets(self) -> list[str]:
+        """The difficulty ladder, easiest first: "dxd" from min_digits up, each factor capped at its digits."""
+        p = self.params
+        rungs = [(min(d, p.digits_a), min(d, p.digits_b)) for d in range(p.min_digits, max(p.digits_a, p.digits_b) + 1)]
+        return [f"{a}x{b}" for a, b in dict.fromkeys(rungs)]
+
+    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
+        """The `index`-th problem of `split` in bucket "AxB" (A and B digits; split by pair like `problem`)."""
+        if bucket not in self.buckets():
+            raise unknown_bucket(self.name, bucket, self.buckets())
+        da, db = (int(x) for x in bucket.split("x"))
+        for attempt in range(10_000):
+            rng = random.Random(stable_hash("multiply", self.seed, split, bucket, index, attempt))
+            a = rng.randint(10 ** (da - 1), 10**da - 1)
+            b = rng.randint(10 ** (db - 1), 10**db - 1)
+            if in_test_split(tuple(sorted((a, b))), self.seed, self.params.test_fraction) == (split == "test"):
+                return {"a": a, "b": b}
+        raise RuntimeError(f"multiply: no {split} problem in bucket {bucket} for index {index}")

@@ -1,0 +1,349 @@
+"""Curriculum vs uniform vs fixed-hard: the same base model, the same RL budget, several seeds. Prints JSON.
+
+    python benchmarks/curriculum.py [--base-model DIR] [--seeds 3] [--steps 120] [--eval-every 10]
+                                    [--target 0.3] [--quick] [--out docs/curriculum_bench.json]
+
+Task: Countdown with numbers 1..10 (targets up to 100) in three difficulty buckets, n2, n3 and n4 (how many
+numbers), compact template, so a ~1M-parameter character model can learn it on a CPU. The hardest
+bucket, n4, is the one measured.
+
+Base model: `--base-model DIR` (an HF directory, e.g. `keelrl demo`'s runs/demo/base); without it, a base is
+pretrained once with keelrl.demo's recipe (`pretrain` on `corpus_text`) over all three buckets and cached
+in WORK/base (the JSON says which). Every arm and seed starts from that same base.
+
+Arms (identical RL settings; only which problems are drawn differs):
+- curriculum: `curriculum.kind = "adaptive"`, strategy learnability p(1-p) over n2, n3, n4 (defaults:
+  decay 0.9, revisit 0.1).
+- uniform: the same machinery with `strategy = "uniform"`: each bucket a third of the prompts.
+- fixed_hard: n4 only.
+- curriculum_dynamic (only with `--dynamic`): curriculum plus DAPO dynamic sampling; it generates more
+  samples per step (reported), so it is not part of the equal-budget comparison.
+
+Each run trains in legs of `--eval-every` steps (train() resumed with more steps, which is exact: see
+tests/integration/test_curriculum_run.py) and after each leg the policy is evaluated greedily on the same
+held-out problems of every bucket. `steps_to_target` is the first evaluated step at which n4 accuracy
+reaches `--target`; a seed that never does counts as `steps` in the mean (a lower bound; `censored` says
+how many). `hardest_bucket_accuracy` is n4 accuracy at the end of the budget. The target of the issue:
+the curriculum needs at most 2/3 of uniform's steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from keelrl.config import ModelConfig, TinyModelConfig, config_from_dict
+from keelrl.demo import corpus_text, pretrain
+from keelrl.evaluate import run_eval, summarize
+from keelrl.models import build_char_tokenizer, build_tiny_model, load_policy, save_hf_dir
+from keelrl.rollout import HFSampler, SamplingSettings
+from keelrl.tasks import Prompt, Score, Task, get_task
+from keelrl.tasks.countdown import Countdown
+from keelrl.trainer import train
+
+TASK_PARAMS: dict[str, Any] = {
+    "min_numbers": 2,
+    "max_numbers": 4,
+    "min_number": 1,
+    "max_number": 10,
+    "max_target": 100,
+    "test_fraction": 0.2,
+}
+HARD = "n4"
+BASE_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=256)
+ARMS: dict[str, dict[str, Any]] = {
+    "curriculum": {"task": TASK_PARAMS, "curriculum": {"kind": "adaptive", "strategy": "learnability"}},
+    "uniform": {"task": TASK_PARAMS, "curriculum": {"kind": "adaptive", "strategy": "uniform"}},
+    "fixed_hard": {
+        "task": {**TASK_PARAMS, "min_numbers": 4, "max_numbers": 4},
+        "curriculum": {"kind": "adaptive", "strategy": "uniform"},
+    },
+    "curriculum_dynamic": {
+        "task": TASK_PARAMS,
+        "curriculum": {
+            "kind": "adaptive",
+            "strategy": "learnability",
+            "dynamic_sampling": True,
+            "refill_budget": 1.0,
+        },
+    },
+}
+
+
+class BucketView:
+    """One difficulty bucket of a task, as a Task (for run_eval): problem(split, i) = problem_in(bucket, ...)."""
+
+    def __init__(self, task: Countdown, bucket: str) -> None:
+        self.task, self.bucket, self.name = task, bucket, f"{task.name}/{bucket}"
+
+    def problem(self, split: str, index: int) -> dict[str, Any]:
+        return self.task.problem_in(self.bucket, split, index)  # type: ignore[arg-type]
+
+    def prompt(self, problem: dict[str, Any], template: str) -> Prompt:
+        return self.task.prompt(problem, template)  # type: ignore[arg-type]
+
+    def score(self, problem: dict[str, Any], completion: str) -> Score:
+        return self.task.score(problem, completion)
+
+    def difficulty(self, problem: dict[str, Any]) -> str:
+        return self.bucket
+
+
+def pretrain_base(out: Path, steps: int, batch_size: int, lr: float, seed: int) -> dict[str, Any]:
+    """Pretrain the benchmark's base model with keelrl.demo's corpus over every bucket; save an HF dir."""
+    task = get_task("countdown", **TASK_PARAMS)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(
+        TinyModelConfig(**{**BASE_MODEL.model_dump(), "init_seed": seed}),
+        len(tokenizer),
+        tokenizer.eos_token_id,
+    )
+    result = pretrain(model, tokenizer, lambda i: corpus_text(task, i, seed), steps, batch_size, lr, seed)  # type: ignore[arg-type]
+    save_hf_dir(model, tokenizer, out)
+    info = {
+        "pretrained_by": "benchmarks/curriculum.py: keelrl.demo.pretrain on keelrl.demo.corpus_text over n2..n4",
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "tokens": result.tokens,
+        "final_loss": result.final_loss,
+        "seconds": result.seconds,
+        "task_params": TASK_PARAMS,
+        "model": BASE_MODEL.model_dump(),
+    }
+    (out / "pretrain.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def evaluate_buckets(model_dir: Path, problems: dict[str, int], max_new_tokens: int) -> dict[str, float]:
+    """Greedy accuracy on the first `problems[b]` held-out problems of each bucket b."""
+    policy, tokenizer = load_policy(ModelConfig(path=str(model_dir)))
+    sampler = HFSampler(policy, tokenizer)
+    task = get_task("countdown", **TASK_PARAMS)
+    out = {}
+    for bucket, n in problems.items():
+        view: Task = BucketView(task, bucket)  # type: ignore[arg-type, assignment]
+        results = run_eval(
+            sampler=sampler,
+            tokenizer=tokenizer,
+            task=view,
+            template="compact",
+            num_problems=n,
+            settings=SamplingSettings(max_new_tokens, temperature=0.0),
+            batch_size=256,
+        )
+        out[bucket] = summarize(results)["accuracy"]
+    return out
+
+
+def rl_config(arm: str, base: Path, steps: int, seed: int, a: argparse.Namespace) -> dict[str, Any]:
+    spec = ARMS[arm]
+    return {
+        "model": {"path": str(base)},
+        "task": {"name": "countdown", "template": "compact", "params": spec["task"], "seed": 0},
+        "rollout": {"batch_size": a.prompts * 8, "group_size": 8, "max_new_tokens": a.max_new_tokens},
+        "algo": {
+            "lr": a.lr,
+            "advantage": "grpo",
+            "loss_agg": "token_mean",
+            "clip_low": 0.2,
+            "clip_high": 0.28,
+        },
+        "train": {
+            "steps": steps,
+            "micro_batch_size": min(32, a.prompts * 8),
+            "seed": seed,
+            "threads": a.threads,
+        },
+        "eval": {"every_steps": 0, "problems": 1, "at_start": False},
+        "checkpoint": {"every_steps": 0, "keep_last": 1, "keep_best": 0},
+        "log": {"rollouts_per_step": 4, "tensorboard": False, "progress": False, "console_every": 10},
+        "supervisor": {"enabled": False},
+        "curriculum": spec["curriculum"],
+    }
+
+
+def run_arm(
+    arm: str, seed: int, base: Path, work: Path, a: argparse.Namespace, problems: dict[str, int]
+) -> dict[str, Any]:
+    """Train one arm for a.steps in legs of a.eval_every, evaluating after each leg."""
+    run_dir = work / f"{arm}_s{seed}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a leftover run would be resumed, not retrained
+    curve: list[dict[str, Any]] = []
+    t0 = time.time()
+    for end in range(a.eval_every, a.steps + 1, a.eval_every):
+        cfg = config_from_dict(rl_config(arm, base, end, seed, a), f"benchmark {arm}")
+        train(cfg, run_dir, resume="auto")
+        acc = evaluate_buckets(run_dir / "final", problems, a.max_new_tokens)
+        curve.append({"step": end, **acc})
+        print(
+            f"  {arm} seed {seed} step {end}: " + " ".join(f"{b} {v:.3f}" for b, v in acc.items()),
+            file=sys.stderr,
+        )
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_metrics = [m for m in metrics if "reward/mean" in m]
+    generated = sum(m.get("curriculum/generated_samples", a.prompts * 8) for m in train_metrics)
+    reached = next((p["step"] for p in curve if p[HARD] >= a.target), None)
+    last = train_metrics[-1]
+    return {
+        "curve": curve,
+        "steps_to_target": reached,
+        "hardest_bucket_accuracy": curve[-1][HARD],
+        "final_accuracy": {b: curve[-1][b] for b in problems},
+        "generated_samples": generated,
+        "wall_seconds": time.time() - t0,
+        "final_weights": {
+            k.removeprefix("curriculum/weight/"): v
+            for k, v in last.items()
+            if k.startswith("curriculum/weight/")
+        },
+        "prompts_per_bucket": {
+            b: sum(m.get(f"curriculum/prompts/{b}", 0.0) for m in train_metrics) for b in ("n2", "n3", "n4")
+        },
+    }
+
+
+def summarize_arms(results: dict[str, list[dict[str, Any]]], steps: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "steps_to_target": {},
+        "hardest_bucket_accuracy": {},
+        "final_accuracy": {},
+        "generated_samples": {},
+        "wall_seconds": {},
+    }
+    for arm, runs in results.items():
+        per_seed = [r["steps_to_target"] for r in runs]
+        out["steps_to_target"][arm] = {
+            "mean": statistics.mean(steps if s is None else s for s in per_seed),
+            "per_seed": per_seed,
+            "censored": sum(s is None for s in per_seed),
+        }
+        accs = [r["hardest_bucket_accuracy"] for r in runs]
+        out["hardest_bucket_accuracy"][arm] = {"mean": statistics.mean(accs), "per_seed": accs}
+        out["final_accuracy"][arm] = {
+            b: statistics.mean(r["final_accuracy"][b] for r in runs) for b in runs[0]["final_accuracy"]
+        }
+        out["generated_samples"][arm] = statistics.mean(r["generated_samples"] for r in runs)
+        out["wall_seconds"][arm] = statistics.mean(r["wall_seconds"] for r in runs)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--base-model", type=Path, default=None, help="HF directory of the base model (default: pretrain one)"
+    )
+    ap.add_argument(
+        "--work", type=Path, default=Path("runs/bench_curriculum"), help="run directories and the cached base"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=None, help="also write the JSON here (e.g. docs/curriculum_bench.json)"
+    )
+    ap.add_argument("--seeds", type=int, default=3, help="RL seeds per arm")
+    ap.add_argument("--steps", type=int, default=120, help="RL steps per run (the budget)")
+    ap.add_argument("--eval-every", type=int, default=10, help="steps between evaluations")
+    ap.add_argument("--target", type=float, default=0.3, help="n4 held-out accuracy that counts as reached")
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per step (8 completions each)")
+    ap.add_argument("--lr", type=float, default=5e-4, help="RL learning rate (keelrl demo's)")
+    ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument(
+        "--eval-problems", type=int, default=200, help="held-out n4 problems (n2 and n3 get half)"
+    )
+    ap.add_argument("--pretrain-steps", type=int, default=700, help="when pretraining the base")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument(
+        "--arms", default="curriculum,uniform,fixed_hard", help=f"comma-separated, from {', '.join(ARMS)}"
+    )
+    ap.add_argument("--dynamic", action="store_true", help="add the curriculum_dynamic arm")
+    ap.add_argument("--quick", action="store_true", help="a few minutes: 1 seed, 12 steps, small evals")
+    a = ap.parse_args()
+    if a.quick:
+        a.seeds, a.steps, a.eval_every, a.eval_problems, a.pretrain_steps = 1, 12, 6, 40, 60
+    torch.set_num_threads(a.threads)
+    arms = a.arms.split(",") + (["curriculum_dynamic"] if a.dynamic else [])
+    unknown = [x for x in arms if x not in ARMS]
+    if unknown:
+        ap.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    a.work.mkdir(parents=True, exist_ok=True)
+    started, load_start = time.time(), os.getloadavg()
+
+    if a.base_model is not None:
+        base, base_info = a.base_model, {"given": str(a.base_model)}
+    else:
+        base = a.work / ("base_quick" if a.quick else "base")
+        if not (base / "config.json").exists():
+            print(f"pretraining a base model into {base} ({a.pretrain_steps} steps)", file=sys.stderr)
+            pretrain_base(base, a.pretrain_steps, 64, 3e-3, 0)
+        base_info = (
+            json.loads((base / "pretrain.json").read_text()) if (base / "pretrain.json").exists() else {}
+        )
+        base_info["path"] = str(base)
+    problems = {"n2": a.eval_problems // 2, "n3": a.eval_problems // 2, HARD: a.eval_problems}
+    base_acc = evaluate_buckets(base, problems, a.max_new_tokens)
+    print(f"base model accuracy: {base_acc}", file=sys.stderr)
+
+    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    for seed in range(a.seeds):
+        for arm in arms:
+            results[arm].append(run_arm(arm, seed, base, a.work, a, problems))
+
+    summary = summarize_arms(results, a.steps)
+    cur, uni = summary["steps_to_target"].get("curriculum"), summary["steps_to_target"].get("uniform")
+    report: dict[str, Any] = {
+        "benchmark": "curriculum",
+        "command": "python " + " ".join(sys.argv),
+        "quick": a.quick,
+        "base_model": {**base_info, "accuracy": base_acc},
+        "setup": {
+            "task": "countdown",
+            "task_params": TASK_PARAMS,
+            "buckets": ["n2", "n3", "n4"],
+            "hardest_bucket": HARD,
+            "arms": {arm: ARMS[arm] for arm in arms},
+            "steps": a.steps,
+            "eval_every": a.eval_every,
+            "eval_problems": problems,
+            "seeds": a.seeds,
+            "target_accuracy": a.target,
+            "rl": {
+                k: v
+                for k, v in rl_config("curriculum", base, a.steps, 0, a).items()
+                if k in ("rollout", "algo")
+            },
+        },
+        **summary,
+        "runs": results,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_start": load_start,
+            "load_average_end": os.getloadavg(),
+            "torch_threads": a.threads,
+        },
+        "wall_seconds_total": time.time() - started,
+    }
+    if cur is not None and uni is not None:
+        ratio = cur["mean"] / uni["mean"] if uni["mean"] else None
+        report["curriculum_over_uniform_steps"] = ratio
+        report["target_met"] = ratio is not None and ratio <= 2 / 3 and cur["censored"] == 0
+    text = json.dumps(report, indent=2)
+    print(text)
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Task mixtures: several tasks in one run.
+
+`get_task("mixture", tasks=[{"task": "countdown", "params": {...}, "weight": 2}, {"task": "multiply"}])`
+builds one task whose problems come from its members. Each problem carries its member's label under the
+key `"task"` (the label is the member's `name`, default its task name), so prompts, scores and metrics
+dispatch on plain JSON; the member sees its problem without that key.
+
+- `problem(split, i)` picks a member by weight with a hash of (seed, split, i) and returns that member's
+  problem `i`, so the mixture is as deterministic as its members and train/test stay disjoint.
+- Difficulty buckets are `"<label>/<member bucket>"` (`"<label>/all"` for a member that cannot draw by
+  bucket), so an adaptive curriculum steers members and their difficulty ladders together; whether the
+  member weights stay fixed or adapt is `curriculum.mixture`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from keelrl.tasks.base import (
+    Prompt,
+    Score,
+    Split,
+    Task,
+    TaskParams,
+    Template,
+    score_batch,
+    stable_hash,
+    task_buckets,
+    unknown_bucket,
+)
+
+ALL = "all"
+
+
+class MixtureMember(TaskParams):
+    task: str = Field(description="Task name of this member (countdown, multiply, code).")
+    params: dict[str, Any] = Field(default_factory=dict, description="The member task's parameters.")
+    weight: float = Field(1.0, gt=0.0, description="Share of problems drawn from this member (relative).")
+    name: str = Field(
+        "", description="Label in problems and metrics (task/<name>/...); default: the task name."
+    )
+    seed: int | None = Field(None, description="Seed of the member's generator; default: the mixture's seed.")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.task
+
+
+class MixtureParams(TaskParams):
+    tasks: list[MixtureMember] = Field(min_length=1, description="The member tasks and their weights.")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> MixtureParams:
+        labels = [m.label for m in self.tasks]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(
+                f"member labels must differ; {', '.join(dupes)} repeat (give each member a `name`)"
+            )
+        bad = [m.label for m in self.tasks if "/" in m.label]
+        if bad:
+            raise ValueError(f"member labels may not contain '/': {', '.join(bad)}")
+        if any(m.task == "mixture" for m in self.tasks):
+            raise ValueError("a mixture cannot contain a mixture")
+        return self
+
+
+class TaskMixture:
+    """Several tasks behind the Task protocol (and BucketedTask)."""
+
+    name = "mixture"
+
+    def __init__(self, seed: int = 0, **params: Any) -> None:
+        from keelrl.tasks import get_task  # the registry imports this module
+
+        self.seed = seed
+        self.params = MixtureParams(**params)
+        self.members: dict[str, Task] = {
+            m.label: get_task(m.task, seed=seed if m.seed is None else m.seed, **m.params)
+            for m in self.params.tasks
+        }
+        total = sum(m.weight for m in self.params.tasks)
+        self._weights = {m.label: m.weight / total for m in self.params.tasks}
+
+    # ------------------------------------------------------------------------------------- members
+
+    def weights(self) -> dict[str, float]:
+        """Member label -> configured share (sums to 1)."""
+        return dict(self._weights)
+
+    def label_of(self, bucket: str) -> str:
+        return bucket.split("/", 1)[0]
+
+    def member(self, problem: dict[str, Any]) -> tuple[str, Task, dict[str, Any]]:
+        """(label, member task, the problem as the member knows it) for a mixture problem."""
+        label = problem.get("task")
+        if label not in self.members:
+            raise ValueError(f"mixture problem has task {label!r}; members are {', '.join(self.members)}")
+        return label, self.members[label], {k: v for k, v in problem.items() if k != "task"}
+
+    # ------------------------------------------------------------------------------- Task protocol
+
+    def problem(self, split: Split, index: int) -> dict[str, Any]:
+        u = stable_hash("mixture", self.seed, split, index) / 2**64
+        labels = list(self._weights)
+        label = next((t for t, c in zip(labels, accumulate(self._weights.values())) if u < c), labels[-1])
+        return {**self.members[label].problem(split, index), "task": label}
+
+    def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
+        _, task, inner = self.member(problem)
+        return task.prompt(inner, template)
+
+    def score(self, problem: dict[str, Any], completion: str) -> Score:
+        _, task, inner = self.member(problem)
+        return task.score(inner, completion)
+
+    def score_many(self, problems: Sequence[dict[str, Any]], completions: Sequence[str]) -> list[Score]:
+        """Score a batch member by member (each member's own batched scorer, e.g. the code sandboxes)."""
+        out: list[Score | None] = [None] * len(problems)
+        by_member: dict[str, list[int]] = {}
+        for i, problem in enumerate(problems):
+            by_member.setdefault(self.member(problem)[0], []).append(i)
+        for label, idx in by_member.items():
+            task = self.members[label]
+            scores = score_batch(
+                task, [self.member(problems[i])[2] for i in idx], [completions[i] for i in idx]
+            )
+            for i, s in zip(idx, scores):
+                out[i] = s
+        return [s for s in out if s is not None]
+
+    def difficulty(self, problem: dict[str, Any]) -> str:
+        label, task, inner = self.member(problem)
+        return f"{label}/{task.difficulty(inner) if task_buckets(task) is not None else ALL}"
+
+    def buckets(self) -> list[str]:
+        """Every member's ladder, as "<label>/<bucket>", members in config order."""
+        return [f"{label}/{b}" for label, task in self.members.items() for b in (task_buckets(task) or [ALL])]
+
+    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
+        if bucket not in self.buckets():
+            raise unknown_bucket(self.name, bucket, self.buckets())
+        label, inner = bucket.split("/", 1)
+        task = self.members[label]
+        problem = task.problem(split, index) if inner == ALL else task.problem_in(inner, split, index)  # type: ignore[attr-defined]
+        return {**problem, "task": label}

@@ -1,0 +1,133 @@
+"""Fault drills: every way a run can die, and that it comes back exactly as if it had not.
+
+Each test runs the real CLI (`keelrl train`, supervised) on a tiny config and compares the final weights
+(sha256) and every per-step metric except timing with an uninterrupted reference run."""
+
+from __future__ import annotations
+
+import errno
+import json
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from keelrl import checkpoint as ckpt
+from keelrl.trainer import train
+
+from .conftest import Drill, assert_same_run, events, kill, summary, wait_for, worker_pid
+
+
+def _sigkill_trial(drill: Drill, tmp_path: Path, reference: Path, rng: random.Random, name: str) -> None:
+    run_dir = tmp_path / name
+    proc = drill.start(run_dir)
+    # kill the worker at a random moment of its life (model load, sampling, update, eval, checkpoint write)
+    wait_for(lambda: worker_pid(run_dir) is not None, 60, "the worker to start")
+    time.sleep(rng.uniform(0.0, 6.0))
+    pid = worker_pid(run_dir)
+    killed = pid is not None and proc.poll() is None and kill(pid)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    if killed:
+        assert events(run_dir, "restart"), "a killed worker must be restarted"
+    assert_same_run(run_dir, reference)
+
+
+def test_sigkill_at_random_moments_resumes_exactly(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+    rng = random.Random(1)
+    for trial in range(2):
+        _sigkill_trial(drill, tmp_path, reference_run, rng, f"kill{trial}")
+
+
+@pytest.mark.slow
+def test_sigkill_twenty_trials(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+    rng = random.Random(20)
+    for trial in range(20):
+        _sigkill_trial(drill, tmp_path, reference_run, rng, f"kill{trial}")
+
+
+def test_kill_during_checkpoint_write_keeps_previous(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = drill.run(run_dir, "faults.kill_during_save_at_step=4")
+    assert done.returncode == 0, done.stderr[-2000:]
+    restart = events(run_dir, "restart")[0]
+    assert "SIGKILL" in restart["cause"] and restart["resume_from"] == 2  # step 4 never committed
+    assert events(run_dir, "resume")[0]["checkpoint"] == "step_00000002"
+    assert_same_run(run_dir, reference_run)
+
+
+def test_corrupted_newest_checkpoint_is_detected_and_skipped(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = drill.run(run_dir, "faults.corrupt_latest_checkpoint=true")
+    assert done.returncode == 0, done.stderr[-2000:]
+    skipped = events(run_dir, "checkpoint_skipped")
+    assert skipped and skipped[0]["checkpoint"] == "step_00000002" and "sha256" in skipped[0]["reason"]
+    assert_same_run(run_dir, reference_run)
+
+
+def test_disk_full_during_save_keeps_previous_and_reports(drill: Drill, tmp_path: Path, monkeypatch) -> None:
+    calls = {"n": 0}
+
+    def full_disk(fname: str) -> None:
+        if fname == ckpt.TRAINER_STATE and "step_00000004" in str(calls.get("dir", "")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    original = ckpt.write_snapshot
+
+    def tracking(snap, checkpoints_dir, healthy=True):
+        calls["dir"] = ckpt.step_dir_name(snap.step)
+        return original(snap, checkpoints_dir, healthy)
+
+    monkeypatch.setattr(ckpt, "WRITE_HOOK", full_disk)
+    monkeypatch.setattr(ckpt, "write_snapshot", tracking)
+    cfg = drill.config("supervisor.enabled=false")
+    run_dir = tmp_path / "run"
+    train(cfg, run_dir)
+    failed = events(run_dir, "checkpoint_failed")
+    assert len(failed) == 1 and failed[0]["step"] == 4 and "No space left on device" in failed[0]["reason"]
+    names = [p.name for p in ckpt.committed(run_dir / "checkpoints")]
+    assert "step_00000004" not in names and "step_00000002" in names
+    assert ckpt.verify(run_dir / "checkpoints" / "step_00000002") is None
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))  # the half-written directory is gone
+    assert summary(run_dir)["steps"] == 8  # training went on
+
+
+def test_sigstopped_worker_is_detected_as_hung_and_restarted(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = drill.start(run_dir, "supervisor.hang_timeout_s=4")
+    wait_for(lambda: (run_dir / "heartbeat.json").exists() and worker_pid(run_dir) is not None, 60, "a heartbeat")
+    time.sleep(1.0)
+    pid = worker_pid(run_dir)
+    assert pid is not None and kill(pid, signal.SIGSTOP)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    restart = events(run_dir, "restart")[0]
+    assert restart["cause"].startswith("hung: no heartbeat")
+    assert_same_run(run_dir, reference_run)
+
+
+def test_sigterm_to_supervisor_checkpoints_and_exits_cleanly(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = drill.start(run_dir)
+    wait_for(lambda: _step(run_dir) >= 3, 120, "step 3")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "preempted"
+    saved = events(run_dir, "preempted")[0]["step"]
+    assert status["step"] == saved and (run_dir / "checkpoints" / ckpt.step_dir_name(saved)).is_dir()
+    assert not (run_dir / "summary.json").exists()
+    # the same command continues the run to the end, exactly as if it had never stopped
+    done = drill.run(run_dir)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_run(run_dir, reference_run)
+
+
+def _step(run_dir: Path) -> int:
+    try:
+        return int(json.loads((run_dir / "status.json").read_text()).get("step") or 0)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
