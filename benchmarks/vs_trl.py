@@ -108,7 +108,11 @@ SHAPES = {
     ),
 }
 
-QUICK = {"tiny": {"steps": 5, "warmup": 1}, "smollm2": {"steps": 2, "warmup": 1}}
+# --quick: one round, fewer steps, and a smaller SmolLM2 batch (one prompt x 8 completions x 16 tokens)
+QUICK = {
+    "tiny": {"steps": 4, "warmup": 1},
+    "smollm2": {"steps": 1, "warmup": 1, "prompts_per_step": 1, "max_new_tokens": 16},
+}
 
 
 def digit_reward(completion: str, max_new_tokens: int) -> float:
@@ -133,6 +137,7 @@ def prepare_model(shape: Shape, cache_dir: Path) -> Path:
     out = cache_dir / key
     if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
         return out
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF de-quantisation progress bar
     if shape.model == "tiny":
         model, tok = load_policy(ModelConfig(path="tiny", tiny=TinyModelConfig(**shape.tiny)))
     else:
@@ -169,11 +174,28 @@ def prompt_rows(shape: Shape, model_dir: Path, total_steps: int) -> list[dict[st
         if any(ch.isdigit() for ch in p.assistant_prefix):
             raise ValueError(THINK_DIGITS_NOTE)
         ids = render_prompt(tok, p, template)
-        rows.append({"index": i, "problem": problem, "text": tok.decode(ids), "ids": ids, "template": template})
+        rows.append(
+            {"index": i, "problem": problem, "text": tok.decode(ids), "ids": ids, "template": template}
+        )
     return rows
 
 
 # ---------------------------------------------------------------------------------------------- workers
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra`'s leaves written over it (nested sections merged, not replaced)."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply_overrides_to(items: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items -> a nested dict of keelrl config overrides."""
+    from keelrl.config import apply_overrides
+
+    return apply_overrides({}, items)
 
 
 def _rss_mb_self() -> float:
@@ -182,55 +204,74 @@ def _rss_mb_self() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker_keelrl(spec: dict[str, Any]) -> dict[str, Any]:
+def keelrl_config(spec: dict[str, Any]) -> Any:
+    """The keelrl Config of a benchmark run (the settings TRL's GRPOConfig is matched to)."""
     from keelrl.config import config_from_dict
-    from keelrl.tasks.base import Score
-    from keelrl.trainer import guard_phase, log_step, setup, train_step
 
     shape = Shape(**spec["shape"])
     total = shape.warmup + shape.steps
-    run_dir = Path(spec["work_dir"]) / "keelrl_run"
-    cfg = config_from_dict(
-        {
-            "model": {"path": spec["model_dir"], "dtype": "float32"},
-            "task": {"name": "countdown", "params": shape.task_params, "seed": 0, "template": spec["template"]},
-            "rollout": {
-                "batch_size": shape.batch_size,
-                "group_size": shape.group_size,
-                "max_new_tokens": shape.max_new_tokens,
-                "temperature": 1.0,
-                "top_p": 1.0,
-                "top_k": 0,
+    return config_from_dict(
+        deep_merge(
+            {
+                "model": {"path": spec["model_dir"], "dtype": "float32"},
+                "task": {
+                    "name": "countdown",
+                    "params": shape.task_params,
+                    "seed": 0,
+                    "template": spec["template"],
+                },
+                "rollout": {
+                    "batch_size": shape.batch_size,
+                    "group_size": shape.group_size,
+                    "max_new_tokens": shape.max_new_tokens,
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "top_k": 0,
+                },
+                "algo": {
+                    "lr": shape.lr,
+                    "advantage": "grpo",
+                    "std_eps": 1e-4,
+                    "loss_agg": "token_mean",
+                    "clip_low": 0.2,
+                    "clip_high": 0.2,
+                    "ppo_epochs": 1,
+                    "minibatches": 1,
+                    "kl_coef": 0.0,
+                    "entropy_coef": 0.0,
+                    "grad_clip": 1.0,
+                    "weight_decay": 0.0,
+                    "lr_schedule": "constant",
+                },
+                "train": {
+                    "steps": total,
+                    "micro_batch_size": shape.micro_batch_size,
+                    "seed": spec["seed"],
+                    "threads": spec["threads"],
+                    "device": "cpu",
+                },
+                "curriculum": {"kind": "sequential", "dynamic_sampling": False},
+                "eval": {"at_start": False, "every_steps": 0, "problems": 1},
+                "checkpoint": {"every_steps": 0},
+                "log": {
+                    "tensorboard": False,
+                    "progress": False,
+                    "rollouts_per_step": 0,
+                    "console_every": 10**6,
+                },
             },
-            "algo": {
-                "lr": shape.lr,
-                "advantage": "grpo",
-                "std_eps": 1e-4,
-                "loss_agg": "token_mean",
-                "clip_low": 0.2,
-                "clip_high": 0.2,
-                "ppo_epochs": 1,
-                "minibatches": 1,
-                "kl_coef": 0.0,
-                "entropy_coef": 0.0,
-                "grad_clip": 1.0,
-                "weight_decay": 0.0,
-                "lr_schedule": "constant",
-            },
-            "train": {
-                "steps": total,
-                "micro_batch_size": shape.micro_batch_size,
-                "seed": spec["seed"],
-                "threads": spec["threads"],
-                "device": "cpu",
-            },
-            "eval": {"at_start": False, "every_steps": 0, "problems": 1},
-            "checkpoint": {"every_steps": 0},
-            "log": {"tensorboard": False, "progress": False, "rollouts_per_step": 0, "console_every": 10**6},
-            **spec.get("keelrl_overrides", {}),
-        }
+            spec.get("keelrl_overrides", {}),
+        )
     )
-    run, state = setup(cfg, run_dir, resume="never")
+
+
+def keelrl_setup(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """keelrl's (Run, TrainState) for a benchmark run, scoring with the digit reward."""
+    from keelrl.tasks.base import Score
+    from keelrl.trainer import setup
+
+    shape = Shape(**spec["shape"])
+    run, state = setup(keelrl_config(spec), Path(spec["work_dir"]) / "keelrl_run", resume="never")
     base = run.task
     max_new = shape.max_new_tokens
 
@@ -253,6 +294,15 @@ def worker_keelrl(spec: dict[str, Any]) -> dict[str, Any]:
             return Score(digit_reward(completion, max_new), False, {"formatted": True})
 
     run.task = DigitsTask()  # type: ignore[assignment]
+    return run, state
+
+
+def worker_keelrl(spec: dict[str, Any]) -> dict[str, Any]:
+    from keelrl.trainer import guard_phase, log_step, train_step
+
+    shape = Shape(**spec["shape"])
+    total = shape.warmup + shape.steps
+    run, state = keelrl_setup(spec)
     expected = spec["prompt_ids"]
     steps: list[dict[str, float]] = []
     for _ in range(total):
@@ -270,7 +320,8 @@ def worker_keelrl(spec: dict[str, Any]) -> dict[str, Any]:
                 "trained_tokens": m.get("tokens/trained", float("nan")),
             }
         )
-    identical = all(run.prompt_cache[i][0] == expected[i] for i in range(len(expected)) if i in run.prompt_cache)
+    seen = [i for i in range(len(expected)) if i in run.prompt_cache]  # problem index -> (prompt ids, prefix)
+    identical = len(seen) == len(expected) and all(run.prompt_cache[i][0] == expected[i] for i in seen)
     return {"steps": steps, "prompt_ids_identical": identical, "rss_self_mb": _rss_mb_self()}
 
 
@@ -322,9 +373,9 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
         top_p=1.0,
         top_k=0,
         use_vllm=False,
-        bf16=False,
+        bf16=spec["variant"] in ("bf16", "trl_defaults"),
         fp16=False,
-        gradient_checkpointing=False,
+        gradient_checkpointing=spec["variant"] == "trl_defaults",
         use_cpu=True,
         max_steps=total,
         logging_strategy="no",
@@ -336,7 +387,9 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
         dataloader_num_workers=0,
         log_completions=False,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=args, train_dataset=data, processing_class=tok)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward_fn, args=args, train_dataset=data, processing_class=tok
+    )
     gen_times: list[float] = []
     gen_tokens: list[float] = []
     trained_tokens: list[float] = []
@@ -446,32 +499,55 @@ def param_counts(model_dir: Path) -> dict[str, int]:
     return {"total": total, "body": body, "head": head, "embedding": embed}
 
 
-def summarize(side_runs: list[dict[str, Any]], shape: Shape, params: dict[str, int]) -> dict[str, Any]:
+def summarize(
+    side: str,
+    side_runs: list[dict[str, Any]],
+    shape: Shape,
+    params: dict[str, int],
+    distinct_prompt_tokens: float,
+) -> dict[str, Any]:
+    """Throughput, FLOP rates and reward curves of one side over its rounds. `distinct_prompt_tokens` is the
+    mean number of prompt tokens of a step's distinct prompts (what prefix sharing computes)."""
     timed = [s for r in side_runs for s in r["steps"][shape.warmup :]]
+    n = len(timed)
     t = sum(s["time_s"] for s in timed)
     gen = sum(s["gen_s"] for s in timed)
     gen_tok = sum(s["generated_tokens"] for s in timed)
     train_tok = sum(s["trained_tokens"] for s in timed)
     train_s = t - gen
-    train_flop = 6 * params["body"] * train_tok + 6 * params["head"] * gen_tok
-    gen_flop = 2 * params["body"] * (train_tok) + 2 * params["head"] * gen_tok
+    body, head = params["body"], params["head"]
+    # model FLOPs of the batch, credited alike to both sides
+    train_flop = 6 * body * train_tok + 6 * head * gen_tok
+    gen_flop = 2 * body * train_tok + 2 * head * gen_tok
+    # FLOPs each side actually executes: keelrl runs each distinct prompt once (minus its last token in the
+    # update, which starts the suffix); TRL on CPU runs its chunked LM head over every position
+    rows = shape.batch_size * n
+    if side == "keelrl":
+        shared = distinct_prompt_tokens * n
+        exec_train = 6 * body * (shared - shape.prompts_per_step * n + gen_tok + rows) + 6 * head * gen_tok
+        exec_gen = 2 * body * (shared + gen_tok) + 2 * head * gen_tok
+    else:
+        exec_train = 6 * (body + head) * train_tok
+        exec_gen = gen_flop
     curves = [[s["reward"] for s in r["steps"]] for r in side_runs]
     mean_curve = [statistics.fmean(c[i] for c in curves) for i in range(min(map(len, curves)))]
     return {
-        "timed_steps": len(timed),
-        "steps_per_s": len(timed) / t,
-        "s_per_step": t / len(timed),
+        "timed_steps": n,
+        "steps_per_s": n / t,
+        "s_per_step": t / n,
         "generated_tokens_per_s": gen_tok / t,
         "trained_tokens_per_s": train_tok / t,
-        "gen_s_per_step": gen / len(timed),
-        "update_s_per_step": train_s / len(timed),
+        "gen_s_per_step": gen / n,
+        "update_s_per_step": train_s / n,
         "generation_tokens_per_s": gen_tok / gen,
         "update_tokens_per_s": train_tok / train_s,
         "train_gflop_per_s": train_flop / train_s / 1e9,
         "gen_gflop_per_s": gen_flop / gen / 1e9,
         "step_gflop_per_s": (train_flop + gen_flop) / t / 1e9,
+        "executed_train_gflop_per_s": exec_train / train_s / 1e9,
+        "executed_step_gflop_per_s": (exec_train + exec_gen) / t / 1e9,
         "peak_rss_mb": max(r["peak_rss_mb"] for r in side_runs),
-        "cpu_s_per_step": statistics.fmean(r["cpu_s"] for r in side_runs) / (shape.warmup + shape.steps),
+        "cpu_s_per_run": [round(r["cpu_s"], 2) for r in side_runs],
         "prompt_ids_identical": all(r["prompt_ids_identical"] for r in side_runs),
         "reward_curve": [round(x, 4) for x in mean_curve],
         "reward_curves_per_round": [[round(x, 4) for x in c] for c in curves],
@@ -483,13 +559,54 @@ def summarize(side_runs: list[dict[str, Any]], shape: Shape, params: dict[str, i
     }
 
 
+def make_spec(
+    side: str,
+    variant: str,
+    shape: Shape,
+    model_dir: Path,
+    work: Path,
+    seed: int,
+    threads: int,
+    rows: list[dict[str, Any]],
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """Everything a worker needs (JSON-serialisable)."""
+    return {
+        "side": side,
+        "variant": variant,
+        "shape": asdict(shape),
+        "model_dir": str(model_dir),
+        "work_dir": str(work),
+        "seed": seed,  # a new seed per round (both sides of a round share it)
+        "threads": threads,
+        "template": rows[0]["template"],
+        "prompt_texts": [r["text"] for r in rows],
+        "prompt_ids": [r["ids"] for r in rows],
+        "keelrl_overrides": overrides,
+    }
+
+
+VARIANTS = {
+    "fp32": "both sides fp32 (the matched comparison)",
+    "bf16": "both sides under bf16 autocast (keelrl train.autocast='bf16', TRL bf16=True)",
+    "trl_defaults": "keelrl fp32 vs TRL with its shipped bf16 autocast and gradient checkpointing left on",
+}
+
+
 def bench_shape(
-    shape: Shape, rounds: int, threads: int, seed: int, cache_dir: Path, keelrl_overrides: dict[str, Any]
+    shape: Shape,
+    variant: str,
+    rounds: int,
+    threads: int,
+    seed: int,
+    cache_dir: Path,
+    keelrl_overrides: dict[str, Any],
 ) -> dict[str, Any]:
     model_dir = prepare_model(shape, cache_dir)
     total = shape.warmup + shape.steps
     rows = prompt_rows(shape, model_dir, total)
     params = param_counts(model_dir)
+    overrides = deep_merge(keelrl_overrides, {"train": {"autocast": "bf16"}} if variant == "bf16" else {})
     runs: dict[str, list[dict[str, Any]]] = {"keelrl": [], "trl": []}
     order = []
     for r in range(rounds):
@@ -498,56 +615,64 @@ def bench_shape(
         for i, side in enumerate(order):
             work = Path(tmp) / f"{i}_{side}"
             work.mkdir()
-            spec = {
-                "side": side,
-                "shape": asdict(shape),
-                "model_dir": str(model_dir),
-                "work_dir": str(work),
-                "seed": seed + i // 2,  # a new seed per round (both sides of a round share it)
-                "threads": threads,
-                "template": rows[0]["template"],
-                "prompt_texts": [r["text"] for r in rows],
-                "prompt_ids": [r["ids"] for r in rows],
-                "keelrl_overrides": keelrl_overrides,
-            }
-            print(f"[vs_trl] {shape.name}: run {i + 1}/{len(order)} ({side})", file=sys.stderr, flush=True)
+            spec = make_spec(side, variant, shape, model_dir, work, seed + i // 2, threads, rows, overrides)
+            print(
+                f"[vs_trl] {shape.name}/{variant}: run {i + 1}/{len(order)} ({side})",
+                file=sys.stderr,
+                flush=True,
+            )
             runs[side].append(run_worker(spec, work))
+    per_step = shape.prompts_per_step
+    distinct = statistics.fmean(
+        sum(len(r["ids"]) for r in rows[s * per_step : (s + 1) * per_step]) for s in range(total)
+    )
     out: dict[str, Any] = {
         "shape": asdict(shape),
+        "variant": variant,
+        "variant_means": VARIANTS[variant],
         "parameters": params,
         "prompt_tokens_mean": statistics.fmean(len(r["ids"]) for r in rows),
         "order": order,
+        "load_avg_1m_at_end": os.getloadavg()[0],
     }
-    out["keelrl"] = summarize(runs["keelrl"], shape, params)
-    out["trl"] = summarize(runs["trl"], shape, params)
+    out["keelrl"] = summarize("keelrl", runs["keelrl"], shape, params, distinct)
+    out["trl"] = summarize("trl", runs["trl"], shape, params, distinct)
     k, t = out["keelrl"], out["trl"]
     out["ratio_steps_per_s"] = k["steps_per_s"] / t["steps_per_s"]
     out["ratio_per_round"] = [a / b for a, b in zip(k["per_round_steps_per_s"], t["per_round_steps_per_s"])]
     out["ratio_generation"] = t["gen_s_per_step"] / k["gen_s_per_step"]
     out["ratio_update"] = t["update_s_per_step"] / k["update_s_per_step"]
     out["rss_ratio"] = k["peak_rss_mb"] / t["peak_rss_mb"]
+    out["reward_last_third_keelrl_minus_trl"] = k["reward_mean_last_third"] - t["reward_mean_last_third"]
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a reduced run (few steps, one round), under 3 minutes")
+    p.add_argument(
+        "--quick", action="store_true", help="a reduced run (few steps, one round), under 3 minutes"
+    )
     p.add_argument("--shapes", default="tiny,smollm2", help="comma-separated: " + ",".join(SHAPES))
     p.add_argument("--rounds", type=int, default=2, help="keelrl/TRL pairs per shape (order alternates)")
     p.add_argument("--steps", type=int, default=0, help="override the timed steps per run")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "keelrl_vs_trl_models"))
-    p.add_argument("--set", action="append", default=[], help="keelrl config override for the keelrl side, KEY=VALUE")
+    p.add_argument(
+        "--set", action="append", default=[], help="keelrl config override for the keelrl side, KEY=VALUE"
+    )
+    p.add_argument(
+        "--variants",
+        default="fp32",
+        help="comma-separated, run per shape: " + "; ".join(f"{k}: {v}" for k, v in VARIANTS.items()),
+    )
     p.add_argument("--out", default="", help="also write the JSON here")
     p.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         worker_main(*a.worker)
         return
-    from keelrl.config import apply_overrides
-
-    overrides = apply_overrides({}, a.set)
+    overrides = apply_overrides_to(a.set)
     cache_dir = Path(a.cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     rounds = 1 if a.quick else a.rounds
@@ -561,14 +686,21 @@ def main(argv: list[str] | None = None) -> None:
             shape = Shape(**{**asdict(shape), **QUICK[name]})
         if a.steps:
             shape = Shape(**{**asdict(shape), "steps": a.steps})
-        results[name] = bench_shape(shape, rounds, a.threads, a.seed, cache_dir, overrides)
+        for variant in a.variants.split(","):
+            key = name if variant == "fp32" else f"{name}_{variant}"
+            results[key] = bench_shape(shape, variant, rounds, a.threads, a.seed, cache_dir, overrides)
     peak_after = matmul_peak(a.threads)
     peak = {k: max(peak_before[k], peak_after[k]) for k in peak_before}
     for r in results.values():
         for side in ("keelrl", "trl"):
             s = r[side]
-            s["mfu_train_fp32"] = s["train_gflop_per_s"] / peak["fp32"]
-            s["mfu_step_fp32"] = s["step_gflop_per_s"] / peak["fp32"]
+            bf16 = r["variant"] == "bf16" or (side == "trl" and r["variant"] == "trl_defaults")
+            p_ = peak["bf16" if bf16 else "fp32"]
+            s["peak_used"] = "bf16" if bf16 else "fp32"
+            s["mfu_train"] = s["train_gflop_per_s"] / p_
+            s["mfu_step"] = s["step_gflop_per_s"] / p_
+            s["mfu_train_executed"] = s["executed_train_gflop_per_s"] / p_
+            s["mfu_step_executed"] = s["executed_step_gflop_per_s"] / p_
     import transformers
     import trl
 

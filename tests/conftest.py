@@ -73,7 +73,7 @@ FORMAT_RUN = [
     "task.params={digits_a = 1, digits_b = 1}",
     "rollout.batch_size=16",
     "rollout.group_size=4",
-    "rollout.max_new_tokens=20",
+    "rollout.max_new_tokens=24",
     "algo.lr=3e-3",
     "train.micro_batch_size=8",
     "train.threads=1",

@@ -299,12 +299,32 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
     return state
 
 
-def prune(checkpoints_dir: Path, keep_last: int, keep_best: int, best_metric: str) -> list[Path]:
+def rollback_anchor(checkpoints_dir: Path, before_step: int) -> str | None:
+    """The checkpoint retention must keep so that a rollback has somewhere to go: the newest one marked
+    healthy at or before `before_step`, else the oldest healthy one."""
+    healthy = []
+    for p in committed(checkpoints_dir):
+        try:
+            manifest = read_manifest(p)
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        if manifest.get("healthy", True):
+            healthy.append((int(manifest["step"]), p.name))
+    if not healthy:
+        return None
+    older = [h for h in healthy if h[0] <= before_step]
+    return max(older)[1] if older else min(healthy)[1]
+
+
+def prune(
+    checkpoints_dir: Path, keep_last: int, keep_best: int, best_metric: str, protect: tuple[str, ...] = ()
+) -> list[Path]:
     """Delete committed checkpoints that are neither among the newest `keep_last`, nor among the
-    `keep_best` best by `best_metric` (recorded in state.json), nor the target of `latest`; also removes
-    leftovers of interrupted saves. Called only after a new checkpoint is committed. Returns what was deleted."""
+    `keep_best` best by `best_metric` (recorded in state.json), nor the target of `latest`, nor in
+    `protect`; also removes leftovers of interrupted saves. Called only after a new checkpoint is
+    committed. Returns what was deleted."""
     ckpts = committed(checkpoints_dir)
-    keep = {p.name for p in ckpts[:keep_last]}
+    keep = {p.name for p in ckpts[:keep_last]} | set(protect)
     latest = checkpoints_dir / LATEST
     if latest.is_symlink():
         keep.add(os.readlink(latest))

@@ -371,7 +371,9 @@ class CurriculumConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> CurriculumConfig:
         if self.band_low >= self.band_high:
-            raise ValueError(f"curriculum.band_low={self.band_low} must be below curriculum.band_high={self.band_high}")
+            raise ValueError(
+                f"curriculum.band_low={self.band_low} must be below curriculum.band_high={self.band_high}"
+            )
         if self.kind == "sequential" and (self.mixture == "adaptive" or self.skip_after):
             raise ValueError(
                 "curriculum.mixture='adaptive' and curriculum.skip_after need curriculum.kind='adaptive' "

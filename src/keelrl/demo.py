@@ -6,33 +6,31 @@
 3. RL with the ordinary trainer (`keelrl.trainer.train`): every metric, checkpoint and event of a normal run.
 4. Evaluate the final policy on the same problems; print a before/after table with 95% intervals.
 
-The corpus. Each line is a Countdown prompt in the compact template followed by a completion, e.g.
+The task is Countdown with two numbers from 1..50 (TinyZero's reward rule, exact checker): reach the
+target with one operation. The corpus. Each line is a prompt in the compact template (numbers largest
+first) and an answer:
 
-    7 3 12 -> 33
-    12*3=36,36-7=29 no;7*3=21,21+12=33 yes;3+7=10,10*12=120 no;<answer>(3+7)*12</answer><eos>
+    37 12 -> 444
+    <answer>37-12</answer><eos>
 
-The numbers are those of a *training* problem (so held-out number sets never appear). The completion is
-1 to 4 attempts, each a random way of combining all the numbers (drawn by the same generator that makes
-problems: random pairing and operation, positive integer intermediate values) written out step by step
-with true values, followed by a verdict that says, truthfully, whether the attempt's value equals the
-target. Then it stops after a random number of attempts, whatever the verdicts said, and answers with
-the last attempt's expression. The target on the prompt line is the value of an independent draw of the
-generator on the same numbers.
+The numbers are those of a *training* problem (held-out number pairs never appear). The answer joins
+them in the order shown by a random operation whose result is a positive integer; the target on the
+prompt line is the value of an independent random expression of the same numbers (the problem
+generator's). The corpus therefore teaches the answer format, copying the numbers and the rule "each
+number exactly once", but not goal-directed solving: the target says nothing about which operation
+follows. A policy that ignores the target hits it with probability p(target), where p is the answer
+generator's value distribution for those numbers; `chance_accuracy` computes this exactly by enumerating
+the generator's choices, and that is the chance level the demo reports (about 0.33: one of the three or
+four operations, uniformly). What RL has to learn is to read the target and pick the operation.
 
-So the corpus teaches the answer format, "each number exactly once", arithmetic, and how to check an
-attempt against the target, but not goal-directed solving: when to stop is independent of the target,
-so the base model's answer is a target-blind draw. It hits the target with probability sum_v p(v)^2 over
-the generator's value distribution p for those numbers; `chance_accuracy` computes this exactly by
-enumerating the generator's choices, and that is the chance level the demo reports. What RL has to
-discover is the policy TinyZero's models found: keep trying, and stop when an attempt checks out.
-
-The reward cannot be gamed: the answer is an expression that the Countdown checker evaluates exactly
-(stated values, verdicts and the thinking before <answer> earn nothing by themselves), so the only way to
-reward 1.0 is an expression whose value is the target. What did not work, measured while designing this
-(docs/RESULTS.md): answers that state their value (`<answer>12*3-7=29</answer>`, value checked) left the
-tiny model at 0% because its one-shot arithmetic was wrong; expressions with no steps or verdicts
-(`<answer>12*3-7</answer>`) gave a base model at chance that RL moved by only a few points in 170 steps;
-steps without verdicts let RL lengthen the search until every completion hit the token limit.
+The reward cannot be gamed: the answer holds only an expression, which the Countdown checker evaluates
+exactly, so reward 1.0 needs an expression whose value is the target (a stated value would be checked
+too, see tasks/countdown.py). What did not work, measured while designing this (docs/RESULTS.md):
+three numbers with an answer that states its value (`<answer>12*3-7=29</answer>`, value checked) left
+the tiny model at 0% because its one-shot arithmetic was wrong; three numbers with answer-only lines gave
+a base model at chance (11%) that GRPO did not move on held-out sets in 170 steps; step-by-step
+attempts with verdicts ("...=29 no;") trained a base model that always wrote "no" (a "yes" is rare in a
+target-blind corpus, so it never learned the comparison), and RL only found a target-blind habit.
 """
 
 from __future__ import annotations
@@ -52,86 +50,59 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from keelrl.config import TinyModelConfig
 from keelrl.tasks.base import stable_hash
-from keelrl.tasks.countdown import Countdown
-
-MAX_ATTEMPTS = 4
-
-
-def random_attempt(numbers: list[int], rng: random.Random) -> tuple[str, str, int]:
-    """Combine all `numbers` pairwise in a random order with random operations whose intermediate values
-    are positive integers (the same choices as `keelrl.tasks.countdown.random_expression`). Returns
-    (steps written out, e.g. "12*3=36,36-7=29", the expression "(12*3)-7", its value)."""
-    pool: list[tuple[str, int, bool]] = [(str(n), n, True) for n in numbers]  # (text, value, is_atom)
-    steps = []
-    while len(pool) > 1:
-        i, j = rng.sample(range(len(pool)), 2)
-        (ta, a, atom_a), (tb, b, atom_b) = pool[i], pool[j]
-        ops = ["+", "*"]
-        if a > b:
-            ops.append("-")
-        if b > 0 and a % b == 0 and b != 1:
-            ops.append("/")
-        op = rng.choice(ops)
-        value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else 0}[op]
-        steps.append(f"{a}{op}{b}={value}")
-        left = ta if atom_a else f"({ta})"
-        right = tb if atom_b else f"({tb})"
-        pool = [p for k, p in enumerate(pool) if k not in (i, j)] + [(f"{left}{op}{right}", value, False)]
-    return ",".join(steps), pool[0][0], pool[0][1]
+from keelrl.tasks.countdown import Countdown, random_expression
 
 
 def corpus_text(task: Countdown, index: int, seed: int) -> str:
-    """One pretraining example (prompt + completion, compact template) for train problem `index`."""
+    """One pretraining example (prompt + completion, compact template) for train problem `index`: the
+    answer combines the numbers in the order the prompt shows them (largest first)."""
     problem = task.problem("train", index)
     rng = random.Random(stable_hash("corpus", seed, index))
-    numbers = list(problem["numbers"])
-    rng.shuffle(numbers)
+    numbers = sorted(problem["numbers"], reverse=True)
     while True:
-        target = random_attempt(numbers, rng)[2]
-        if task.params.min_target <= target <= task.params.max_target:
+        target = random_expression(numbers, rng)
+        if target is not None and task.params.min_target <= target[1] <= task.params.max_target:
             break
-    attempts: list[tuple[str, str, int]] = []
-    k = rng.randint(1, MAX_ATTEMPTS)
-    for _ in range(50):
-        attempt = random_attempt(numbers, rng)
-        if all(attempt[1] != a[1] for a in attempts):
-            attempts.append(attempt)
-        if len(attempts) == k:
-            break
-    think = "".join(f"{steps} {'yes' if value == target else 'no'};" for steps, _, value in attempts)
-    prompt = task.prompt({"numbers": numbers, "target": target}, "compact")
-    return f"{prompt.user}\n{prompt.assistant_prefix}{think}<answer>{attempts[-1][1]}</answer>"
+    answer = in_order_expression(numbers, rng)
+    prompt = task.prompt({"numbers": numbers, "target": target[1]}, "compact")
+    return f"{prompt.user}\n{prompt.assistant_prefix}<answer>{answer}</answer>"
+
+
+def in_order_expression(numbers: list[int], rng: random.Random) -> str:
+    """Numbers (largest first) joined left to right by random operations that keep every intermediate value
+    a positive integer: e.g. [37, 12] -> "37-12"."""
+    text, value = str(numbers[0]), numbers[0]
+    for n in numbers[1:]:
+        ops = ["+", "*", "-"] if value > n else ["+", "*"]
+        if n > 1 and value % n == 0:
+            ops.append("/")
+        op = rng.choice(ops)
+        value = {"+": value + n, "*": value * n, "-": value - n, "/": value // n}[op]
+        text = f"({text}){op}{n}" if text != str(numbers[0]) else f"{text}{op}{n}"
+    return text
 
 
 def value_distribution(numbers: list[int]) -> dict[int, float]:
-    """Exact distribution of the value of `random_expression(numbers, rng)` (None draws excluded and
-    renormalised), by enumerating its choices: an ordered pair of pool items, then one allowed operation."""
+    """Exact distribution of the value of `in_order_expression(numbers largest first, rng)`, by enumerating
+    its choices (one allowed operation per step, uniformly)."""
 
-    def rec(pool: tuple[int, ...]) -> Counter[int]:
-        if len(pool) == 1:
-            return Counter({pool[0]: Fraction(1)}) if pool[0] > 0 else Counter()
+    def rec(value: int, rest: tuple[int, ...]) -> Counter:
+        if not rest:
+            return Counter({value: Fraction(1)})
+        n = rest[0]
+        ops = [value + n, value * n] + ([value - n] if value > n else []) + ([value // n] if n > 1 and value % n == 0 else [])
         out: Counter = Counter()
-        pairs = [(i, j) for i in range(len(pool)) for j in range(len(pool)) if i != j]
-        for i, j in pairs:
-            a, b = pool[i], pool[j]
-            ops = [a + b, a * b]
-            if a > b:
-                ops.append(a - b)
-            if b > 0 and a % b == 0 and b != 1:
-                ops.append(a // b)
-            rest = tuple(p for k, p in enumerate(pool) if k not in (i, j))
-            for value in ops:
-                for v, p in rec((*rest, value)).items():
-                    out[v] += p * Fraction(1, len(pairs) * len(ops))
+        for v in ops:
+            for w, p in rec(v, rest[1:]).items():
+                out[w] += p / len(ops)
         return out
 
-    dist = rec(tuple(numbers))
-    total = sum(dist.values())
-    return {v: float(p / total) for v, p in dist.items()} if total else {}
+    ordered = sorted(numbers, reverse=True)
+    return {v: float(p) for v, p in rec(ordered[0], tuple(ordered[1:])).items()}
 
 
 def chance_accuracy(problems: list[dict[str, Any]]) -> float:
-    """Mean over problems of P(a target-blind draw of the corpus generator hits the target)."""
+    """Mean over problems of P(a target-blind draw of the corpus's answer generator hits the target)."""
     if not problems:
         return 0.0
     return sum(value_distribution(p["numbers"]).get(p["target"], 0.0) for p in problems) / len(problems)
@@ -196,17 +167,16 @@ def pretrain(
 
 # ------------------------------------------------------------------------------------------- lifecycle
 
-# The task of the demo: Countdown with 3 numbers from 1..10, targets up to 100; a fifth of the number
-# multisets is held out (165 multisets, so about 33 held-out sets and ~450 distinct held-out problems).
+# The task of the demo: Countdown with 2 numbers from 1..99; a quarter of the number pairs is held out.
 DEMO_TASK_PARAMS: dict[str, Any] = {
-    "min_numbers": 3,
-    "max_numbers": 3,
+    "min_numbers": 2,
+    "max_numbers": 2,
     "min_number": 1,
-    "max_number": 10,
-    "max_target": 100,
-    "test_fraction": 0.2,
+    "max_number": 50,
+    "max_target": 2500,
+    "test_fraction": 0.3,
 }
-DEMO_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=256)
+DEMO_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=64)
 EVAL_PROBLEMS = 500
 SMOLLM2_TASK_PARAMS: dict[str, Any] = {
     "min_numbers": 2,
@@ -238,12 +208,12 @@ class DemoPlan:
             pretrain_batch=64,
             pretrain_lr=3e-3,
             rl_steps=rl_steps,
-            eval_every=max(10, rl_steps // 5),
+            eval_every=max(10, rl_steps // 5),  # held-out evals during RL pick the best checkpoint
         )
 
 
-PRETRAIN_STEPS_AT_12_MIN = 500
-RL_STEPS_AT_12_MIN = 150
+PRETRAIN_STEPS_AT_12_MIN = 800
+RL_STEPS_AT_12_MIN = 100
 
 
 def demo_rl_config(base_model: str, task_params: dict[str, Any], steps: int, eval_every: int, seed: int) -> dict[str, Any]:
@@ -251,8 +221,8 @@ def demo_rl_config(base_model: str, task_params: dict[str, Any], steps: int, eva
     return {
         "model": {"path": base_model},
         "task": {"name": "countdown", "template": "compact", "params": task_params, "seed": 0},
-        "rollout": {"batch_size": 128, "group_size": 8, "max_new_tokens": 128, "temperature": 1.0},
-        "algo": {"lr": 5e-4, "advantage": "grpo", "loss_agg": "token_mean", "clip_low": 0.2, "clip_high": 0.28},
+        "rollout": {"batch_size": 128, "group_size": 8, "max_new_tokens": 24, "temperature": 1.0},
+        "algo": {"lr": 3e-4, "advantage": "grpo", "loss_agg": "token_mean", "clip_low": 0.2, "clip_high": 0.28},
         "train": {"steps": steps, "micro_batch_size": 32, "seed": seed},
         "eval": {"every_steps": eval_every, "problems": 200, "at_start": True},
         "checkpoint": {"every_steps": eval_every, "keep_last": 2, "keep_best": 1},

@@ -1353,9 +1353,8 @@ class Guardian:
     def after_step(self, history: Sequence[Record]) -> tuple[Action, list[Finding], list[Finding]]:
         """(action, findings that are new or changed severity since last step, all current findings)."""
         findings = check(history, self.cfg) if self.cfg.enabled else []
-        active = {f.name: f.severity for f in findings}
-        changed = [f for f in findings if self.state["active"].get(f.name) != f.severity]
-        self.state["active"] = active
+        changed = [f for f in findings if self.state["active"].get(f.name, [None])[0] != f.severity]
+        self.state["active"] = {f.name: [f.severity, f.action] for f in findings}
         action = strongest_action(findings)
         if action == "skip":
             action = "warn"
@@ -1363,8 +1362,9 @@ class Guardian:
 
     @property
     def healthy(self) -> bool:
-        """No critical finding holds: a checkpoint taken now is a valid rollback target."""
-        return "critical" not in self.state["active"].values()
+        """No finding that calls for a rollback or a stop holds: a checkpoint taken now is a valid rollback
+        target. (Warnings, and skips already applied, do not make a checkpoint unhealthy.)"""
+        return not any(action in ("rollback", "stop") for _, action in self.state["active"].values())
 
     def can_roll_back(self) -> bool:
         return self.state["rollbacks"] < self.cfg.max_rollbacks

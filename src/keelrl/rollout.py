@@ -327,7 +327,13 @@ class HFSampler:
             n_done = int(done.sum())
             if n_done and n_done * 4 >= done.numel():
                 keep = (~done).nonzero().flatten()  # [b']
-                alive, tok, next_pos, attn, done = alive[keep], tok[keep], next_pos[keep], attn[keep], done[keep]
+                alive, tok, next_pos, attn, done = (
+                    alive[keep],
+                    tok[keep],
+                    next_pos[keep],
+                    attn[keep],
+                    done[keep],
+                )
                 _select_rows(cache, keep)
             out = model(
                 input_ids=tok[:, None],
@@ -341,7 +347,9 @@ class HFSampler:
             next_pos = next_pos + 1
         tok_rows, lp_rows, lengths, eos_rows = tokens.tolist(), logps.tolist(), length.tolist(), eos.tolist()
         return [
-            Generation(tok_rows[i][: lengths[i]], lp_rows[i][: lengths[i]], "eos" if eos_rows[i] else "length")
+            Generation(
+                tok_rows[i][: lengths[i]], lp_rows[i][: lengths[i]], "eos" if eos_rows[i] else "length"
+            )
             for i in range(B)
         ]
 

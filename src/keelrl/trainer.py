@@ -209,7 +209,10 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         task=task,
         template=template,
         sampler=HFSampler(
-            policy, tokenizer, chunk_size=r.chunk_size, share_prefix=cfg.train.share_prefix,
+            policy,
+            tokenizer,
+            chunk_size=r.chunk_size,
+            share_prefix=cfg.train.share_prefix,
             autocast=cfg.train.autocast,
         ),
         source=source,
@@ -306,7 +309,8 @@ def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int
         for k in range(G):
             prompts.append(ids)
             refill = ("refill", attempt) if attempt else ()
-            seeds.append(stable_hash("sample", cfg.train.seed, state.step, state.guards.get("rollbacks", 0), group * G + k, *refill))
+            rollbacks = state.guards.get("rollbacks", 0)
+            seeds.append(stable_hash("sample", cfg.train.seed, state.step, rollbacks, group * G + k, *refill))
             meta.append((group, index, problem, prefix))
     gens = run.sampler.generate(prompts, run.settings, seeds)
     rollouts = []
@@ -372,7 +376,9 @@ def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> dict[st
     return {"reward/errors": float(len(errors))}
 
 
-def curriculum_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> tuple[list[Rollout], dict[str, float]]:
+def curriculum_phase(
+    run: Run, state: TrainState, rollouts: list[Rollout]
+) -> tuple[list[Rollout], dict[str, float]]:
     """Dynamic sampling (when on): replace groups without reward variance by groups of newly drawn prompts,
     reusing sample_phase and score_phase, within curriculum.refill_budget. Then the problem source observes
     every group generated this step (all ranks). Returns the batch to train on and the step's
@@ -417,8 +423,11 @@ def curriculum_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> tu
                 streak += 1
             if streak & (streak - 1) == 0:  # the 1st, 2nd, 4th, 8th... exhausted step in a row
                 run.event(
-                    "dynamic_sampling_exhausted", state.step + 1, steps_in_a_row=streak,
-                    dropped_groups=refill.stats.dropped, regenerated_prompts=refill.stats.regenerated,
+                    "dynamic_sampling_exhausted",
+                    state.step + 1,
+                    steps_in_a_row=streak,
+                    dropped_groups=refill.stats.dropped,
+                    regenerated_prompts=refill.stats.regenerated,
                     degenerate_groups_trained=refill.stats.filled_degenerate,
                     message="refill budget spent before every group had reward variance; trained on the batch as is",
                 )
@@ -520,7 +529,9 @@ def micro_batches(
         first = torch.where(mask.any(dim=1), mask.float().argmax(dim=1), batch.lengths[idx] - 1).tolist()
         ids, lengths = batch.input_ids[idx].tolist(), batch.lengths[idx].tolist()
         keys = [(first[i], ids[i][: first[i]], lengths[i]) for i in range(len(first))]
-        order = idx[torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.long, device=idx.device)]
+        order = idx[
+            torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.long, device=idx.device)
+        ]
     return [batch.select(order[i : i + size]) for i in range(0, len(order), size)]
 
 
@@ -825,7 +836,12 @@ def collect_saves(run: Run) -> None:
         if err is not None or path is None:
             run.event("checkpoint_failed", snap.step, reason=str(err))
             continue
-        deleted = ckpt.prune(run.run_dir.checkpoints, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric)
+        # keep a healthy checkpoint from before the guards' lookback, so a rollback can land before trouble
+        anchor = ckpt.rollback_anchor(run.run_dir.checkpoints, snap.step - cfg.guards.skip_window)
+        deleted = ckpt.prune(
+            run.run_dir.checkpoints, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric,
+            protect=(anchor,) if anchor and cfg.guards.enabled else (),
+        )
         written_s = time.time() - snap.state.get("snapshot_time", time.time())
         run.ckpt_policy.record_save(written_s)
         run.event("checkpoint", snap.step, path=path.name, reason=snap.state.get("reason"), seconds=round(written_s, 3),
@@ -1002,6 +1018,8 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             initial = eval_phase(run, state)
             update_best(run, state, initial)
             log_step(run, state, initial)
+        if state.step == 0 and cfg.guards.enabled and not ckpt.committed(run.run_dir.checkpoints):
+            save_checkpoint(run, state, state.last_eval, "initial")  # a rollback target if trouble starts at once
         while state.step < cfg.train.steps:
             metrics = train_step(run, state)
             if is_eval_step(cfg, state.step):

@@ -4,6 +4,8 @@ its metrics and events, and resume exactness: 4 steps then resumed to 8 equals 8
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +127,33 @@ def test_report_shows_the_curriculum(runs: tuple[Path, Path]) -> None:
     for title in FAMILY_PLOTS:
         assert title[0] in page
     assert "curriculum/pass_rate/countdown/n3" in page and "task/mul/accuracy" in page
+
+
+@pytest.mark.slow
+def test_benchmark_quick_mode_writes_the_promised_json(tmp_path: Path) -> None:
+    """benchmarks/curriculum.py --quick end to end (pretrains a small base itself): minutes."""
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable,
+        "benchmarks/curriculum.py",
+        "--quick",
+        "--work",
+        str(tmp_path / "work"),
+        "--jobs",
+        "1",
+        "--out",
+        str(out),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
+    report = json.loads(out.read_text())
+    for key in ("steps_to_target", "hardest_bucket_accuracy"):
+        assert set(report[key]) == {"curriculum", "uniform", "fixed_hard"}
+        for arm in report[key].values():
+            assert len(arm["per_seed"]) == 1 and "mean" in arm
+    assert report["base_model"]["pretrained_by"].startswith("benchmarks/curriculum.py")
+    assert isinstance(report["target_met"], bool) and report["verdict"]
+    assert report["runs"]["fixed_hard"][0]["prompts_per_bucket"] == {
+        "n2": 0.0,
+        "n3": 0.0,
+        "n4": 6.0 * 8,  # 6 steps x 8 prompts
+    }

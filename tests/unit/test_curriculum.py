@@ -455,7 +455,7 @@ def test_mixture_problems_prompts_and_scores() -> None:
     assert [s.reward for s in scores] == [1.0, 1.0, 0.1]
     assert mix.score(mul, good_mul).correct
     assert mix.difficulty(mul) == "mul/2x2" and mix.difficulty(cd) in ("countdown/n2", "countdown/n3")
-    assert mix.buckets() == ["countdown/n2", "countdown/n3", "mul/1x1", "mul/2x2"]
+    assert mix.buckets() == ["countdown/n2", "countdown/n3", "mul/1x1", "mul/2x1", "mul/2x2"]
     p = mix.problem_in("mul/1x1", "test", 0)
     assert p["task"] == "mul" and p["a"] < 10 and mix.difficulty(p) == "mul/1x1"
     with pytest.raises(ValueError, match="no difficulty bucket 'mul/3x3'"):
@@ -474,7 +474,7 @@ def test_mixture_parameter_errors() -> None:
 
 
 def test_adaptive_source_on_a_mixture_fixed_vs_adaptive_shares() -> None:
-    true_rate = {"countdown/n2": 0.5, "countdown/n3": 0.3, "mul/1x1": 1.0, "mul/2x2": 0.0}
+    true_rate = {"countdown/n2": 0.5, "countdown/n3": 0.3, "mul/1x1": 1.0, "mul/2x1": 0.0, "mul/2x2": 0.0}
 
     def run(mode: str) -> Counter:
         source = AdaptiveSource(get_task("mixture", **MIX), adaptive(mixture=mode, revisit=0.0), seed=0)
@@ -527,9 +527,10 @@ def test_countdown_buckets() -> None:
 
 
 def test_multiply_ladder() -> None:
-    assert get_task("multiply").buckets() == ["1x1", "2x2", "3x3"]
-    assert get_task("multiply", digits_a=3, digits_b=2).buckets() == ["1x1", "2x2", "3x2"]
-    assert get_task("multiply", digits_a=4, digits_b=4, min_digits=3).buckets() == ["3x3", "4x4"]
+    assert get_task("multiply").buckets() == ["1x1", "2x1", "2x2", "3x2", "3x3"]
+    assert get_task("multiply", digits_a=3, digits_b=2).buckets() == ["1x1", "2x1", "2x2", "3x2"]
+    assert get_task("multiply", digits_a=1, digits_b=3).buckets() == ["1x1", "1x2", "1x3"]
+    assert get_task("multiply", digits_a=4, digits_b=4, min_digits=3).buckets() == ["3x3", "4x3", "4x4"]
     task = get_task("multiply", seed=2, digits_a=3, digits_b=2)
     for bucket in task.buckets():
         train = [task.problem_in(bucket, "train", i) for i in range(40)]

@@ -81,7 +81,9 @@ def task_buckets(task: Task) -> list[str] | None:
 
 
 def unknown_bucket(task_name: str, bucket: str, buckets: list[str]) -> ValueError:
-    return ValueError(f"task {task_name}: no difficulty bucket {bucket!r}; its buckets are {', '.join(buckets)}")
+    return ValueError(
+        f"task {task_name}: no difficulty bucket {bucket!r}; its buckets are {', '.join(buckets)}"
+    )
 
 
 def score_batch(task: Task, problems: list[dict[str, Any]], completions: list[str]) -> list[Score]:

@@ -276,8 +276,8 @@ class Countdown:
 
     def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
         numbers, target = problem["numbers"], problem["target"]
-        if template == "compact":
-            return Prompt("", f"{' '.join(map(str, numbers))} -> {target}", "")
+        if template == "compact":  # for tiny character models: the numbers largest first, no instructions
+            return Prompt("", f"{' '.join(map(str, sorted(numbers, reverse=True)))} -> {target}", "")
         user = USER_TEXT.format(numbers=list(numbers), target=target)
         return Prompt(SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, user, THINK_PREFIX)
 
@@ -305,7 +305,9 @@ class Countdown:
             made = random_expression(numbers, rng)
             if made is not None and p.min_target <= made[1] <= p.max_target:
                 return {"numbers": numbers, "target": made[1]}
-        raise RuntimeError(f"countdown: no {split} problem in bucket {bucket} for index {index} with {p}; widen the ranges")
+        raise RuntimeError(
+            f"countdown: no {split} problem in bucket {bucket} for index {index} with {p}; widen the ranges"
+        )
 
 
 def solve(numbers: list[int], target: int) -> str | None:

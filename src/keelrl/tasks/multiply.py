@@ -48,8 +48,8 @@ class MultiplyParams(TaskParams):
         ge=1,
         le=12,
         description="First rung of the difficulty ladder an adaptive curriculum climbs: buckets go from "
-        "min_digits x min_digits up to digits_a x digits_b, one digit more per factor per rung (problem() "
-        "always draws digits_a x digits_b).",
+        "min_digits x min_digits up to digits_a x digits_b, one digit more per rung, the first factor first "
+        "(problem() always draws digits_a x digits_b).",
     )
 
     @model_validator(mode="after")
@@ -106,10 +106,18 @@ class Multiply:
         return f"{len(str(problem['a']))}x{len(str(problem['b']))}"
 
     def buckets(self) -> list[str]:
-        """The difficulty ladder, easiest first: "dxd" from min_digits up, each factor capped at its digits."""
+        """The difficulty ladder, easiest first: from min_digits x min_digits to digits_a x digits_b, one digit
+        more per rung, the first factor first (3x3: 1x1, 2x1, 2x2, 3x2, 3x3)."""
         p = self.params
-        rungs = [(min(d, p.digits_a), min(d, p.digits_b)) for d in range(p.min_digits, max(p.digits_a, p.digits_b) + 1)]
-        return [f"{a}x{b}" for a, b in dict.fromkeys(rungs)]
+        a, b = min(p.min_digits, p.digits_a), min(p.min_digits, p.digits_b)
+        rungs = [(a, b)]
+        while (a, b) != (p.digits_a, p.digits_b):
+            if a < p.digits_a and (a <= b or b == p.digits_b):
+                a += 1
+            else:
+                b += 1
+            rungs.append((a, b))
+        return [f"{x}x{y}" for x, y in rungs]
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
         """The `index`-th problem of `split` in bucket "AxB" (A and B digits; split by pair like `problem`)."""
@@ -120,6 +128,7 @@ class Multiply:
             rng = random.Random(stable_hash("multiply", self.seed, split, bucket, index, attempt))
             a = rng.randint(10 ** (da - 1), 10**da - 1)
             b = rng.randint(10 ** (db - 1), 10**db - 1)
-            if in_test_split(tuple(sorted((a, b))), self.seed, self.params.test_fraction) == (split == "test"):
+            test = in_test_split(tuple(sorted((a, b))), self.seed, self.params.test_fraction)
+            if test == (split == "test"):
                 return {"a": a, "b": b}
         raise RuntimeError(f"multiply: no {split} problem in bucket {bucket} for index {index}")
