@@ -1,10 +1,11 @@
 """Curriculum vs uniform vs fixed-hard: the same base model, the same RL budget, several seeds. Prints JSON.
 
-    python benchmarks/curriculum.py [--base-model DIR] [--seeds 3] [--steps 60] [--eval-every 10]
-                                    [--target 0.2] [--jobs 3] [--quick] [--out docs/curriculum_bench.json]
+    python benchmarks/curriculum.py [--base-model DIR] [--seeds 3] [--steps 100] [--eval-every 10]
+                                    [--target-gain 0.1] [--jobs 3] [--quick] [--out docs/curriculum_bench.json]
 
-Task: Countdown with numbers 1..10 (targets up to 100) in three difficulty buckets, n2, n3 and n4 (how many
-numbers), compact template, so a ~1M-parameter character model can learn it on a CPU.
+Task: `keelrl demo`'s Countdown (numbers 1..50, targets up to 2500, compact template, answer-only) in three
+difficulty buckets, n2, n3 and n4 (how many numbers), so a ~1M-parameter character model can learn it on a
+CPU. RL settings are the demo's too (16 prompts x 8, lr 3e-4, GRPO, clip 0.2/0.28).
 
 Base model: `--base-model DIR` (an HF directory, e.g. `keelrl demo`'s runs/demo/base); without it, a base is
 pretrained once with keelrl.demo's recipe (`pretrain` on `corpus_text`) over all three buckets and cached
@@ -21,9 +22,9 @@ Arms (identical RL settings; only which problems are drawn differs):
 Each run trains in legs of `--eval-every` steps (train() resumed with more steps, which is exact: see
 tests/integration/test_curriculum_run.py), and after each leg the policy is evaluated greedily on the same
 `--eval-problems` held-out problems of every bucket. `steps_to_target` is the first evaluated step at which
-the mean accuracy over the three buckets reaches `--target`; `steps_to_hardest_bucket_target` the same for
-n4 accuracy and `--hard-target`. A seed that never gets there counts as `--steps` in the mean (a lower
-bound; `censored` says how many). `hardest_bucket_accuracy` is n4 accuracy at the end of the budget. The
+the mean accuracy over the three buckets reaches `--target` (default: the base model's + `--target-gain`);
+`steps_to_hardest_bucket_target` the same for n4 accuracy and `--hard-target` (default: the base's + 0.05).
+A seed that never gets there counts as `--steps` in the mean (a lower bound; `censored` says how many). `hardest_bucket_accuracy` is n4 accuracy at the end of the budget. The
 issue's bar: the curriculum needs at most 2/3 of uniform's steps to the target (`target_met`).
 `--jobs` runs train in parallel processes (`--threads` torch threads each).
 """
@@ -54,16 +55,16 @@ from keelrl.tasks import Prompt, Score, Task, get_task
 from keelrl.tasks.countdown import Countdown
 from keelrl.trainer import train
 
-TASK_PARAMS: dict[str, Any] = {
+TASK_PARAMS: dict[str, Any] = {  # keelrl demo's task (numbers 1..50), over 2, 3 and 4 numbers
     "min_numbers": 2,
     "max_numbers": 4,
     "min_number": 1,
-    "max_number": 10,
-    "max_target": 100,
-    "test_fraction": 0.2,
+    "max_number": 50,
+    "max_target": 2500,
+    "test_fraction": 0.3,
 }
 HARD = "n4"
-BASE_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=256)
+BASE_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=128)
 ARMS: dict[str, dict[str, Any]] = {
     "curriculum": {"task": TASK_PARAMS, "curriculum": {"kind": "adaptive", "strategy": "learnability"}},
     "uniform": {"task": TASK_PARAMS, "curriculum": {"kind": "adaptive", "strategy": "uniform"}},
@@ -302,20 +303,30 @@ def main() -> None:
         "--out", type=Path, default=None, help="also write the JSON here (e.g. docs/curriculum_bench.json)"
     )
     ap.add_argument("--seeds", type=int, default=3, help="RL seeds per arm")
-    ap.add_argument("--steps", type=int, default=60, help="RL steps per run (the budget)")
+    ap.add_argument("--steps", type=int, default=100, help="RL steps per run (the budget)")
     ap.add_argument("--eval-every", type=int, default=10, help="steps between evaluations")
     ap.add_argument(
         "--target",
         type=float,
-        default=0.2,
-        help="held-out accuracy (mean over buckets) that counts as reached",
+        default=None,
+        help="held-out accuracy (mean over buckets) that counts as reached (default: the base's + --target-gain)",
     )
-    ap.add_argument("--hard-target", type=float, default=0.06, help="secondary target: held-out n4 accuracy")
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (8 completions each)")
-    ap.add_argument("--lr", type=float, default=2e-4, help="RL learning rate")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--eval-problems", type=int, default=100, help="held-out problems per bucket")
-    ap.add_argument("--pretrain-steps", type=int, default=700, help="when pretraining the base")
+    ap.add_argument(
+        "--target-gain", type=float, default=0.10, help="default target: base mean accuracy + this"
+    )
+    ap.add_argument(
+        "--hard-target",
+        type=float,
+        default=None,
+        help="secondary: held-out n4 accuracy (default: the base's + 0.05)",
+    )
+    ap.add_argument("--prompts", type=int, default=16, help="prompts per step (8 completions each)")
+    ap.add_argument("--lr", type=float, default=3e-4, help="RL learning rate (keelrl demo's)")
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--eval-problems", type=int, default=200, help="held-out problems per bucket")
+    ap.add_argument(
+        "--pretrain-steps", type=int, default=800, help="when pretraining the base (keelrl demo's)"
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
     ap.add_argument("--jobs", type=int, default=3, help="runs trained at the same time (processes)")
     ap.add_argument(
@@ -350,6 +361,10 @@ def main() -> None:
     problems = {b: a.eval_problems for b in ("n2", "n3", HARD)}
     base_acc = evaluate_buckets(base, problems, a.max_new_tokens)
     base_acc["mean"] = statistics.mean(base_acc.values())
+    if a.target is None:
+        a.target = round(base_acc["mean"] + a.target_gain, 4)
+    if a.hard_target is None:
+        a.hard_target = round(base_acc[HARD] + 0.05, 4)
     print(f"base model accuracy: {base_acc}", file=sys.stderr)
 
     jobs = [(arm, seed) for seed in range(a.seeds) for arm in arms]

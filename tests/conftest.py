@@ -53,7 +53,9 @@ def format_model_dir(tmp_path_factory) -> Path:
 
     tok = build_char_tokenizer()
     model = build_tiny_model(
-        TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, max_positions=64, init_seed=1), len(tok), tok.eos_token_id
+        TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, max_positions=64, init_seed=1),
+        len(tok),
+        tok.eos_token_id,
     )
     pretrain(model, tok, _multiply_line, steps=60, batch_size=64, lr=1e-2, seed=0)
     out = tmp_path_factory.mktemp("format_model")

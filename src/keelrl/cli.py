@@ -28,7 +28,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.supervisor.enabled and not args.no_supervisor:
         from keelrl.supervisor import supervise
 
-        argv = [sys.executable, "-m", "keelrl", "worker", args.config, "--run-dir", str(run_dir), "--resume", args.resume]
+        argv = [
+            sys.executable,
+            "-m",
+            "keelrl",
+            "worker",
+            args.config,
+            "--run-dir",
+            str(run_dir),
+            "--resume",
+            args.resume,
+        ]
         for item in args.set:
             argv += ["--set", item]
         code = supervise(argv, run_dir, cfg.supervisor)
@@ -382,7 +392,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from keelrl.demo import run_demo
 
-    run_demo(seed=args.seed, minutes=args.minutes, model=args.model, out=Path(args.out))
+    run_demo(seed=args.seed, minutes=args.minutes, model=args.model, out=Path(args.out), threads=args.threads)
     return 0
 
 
@@ -447,15 +457,30 @@ def _add_eval_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="keelrl", description="RL post-training for language models on verifiable tasks.")
+    p = argparse.ArgumentParser(
+        prog="keelrl", description="RL post-training for language models on verifiable tasks."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a policy with RL (config file + --set overrides)")
     t.add_argument("config", help="TOML config file (see configs/)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field, e.g. algo.lr=3e-4")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. algo.lr=3e-4",
+    )
     t.add_argument("--run-dir", help="run directory (default: runs/<config name>)")
-    t.add_argument("--resume", choices=["auto", "never"], default="auto", help="auto: continue from the newest valid checkpoint in the run dir")
-    t.add_argument("--no-supervisor", action="store_true", help="train in this process (no automatic restarts)")
+    t.add_argument(
+        "--resume",
+        choices=["auto", "never"],
+        default="auto",
+        help="auto: continue from the newest valid checkpoint in the run dir",
+    )
+    t.add_argument(
+        "--no-supervisor", action="store_true", help="train in this process (no automatic restarts)"
+    )
     t.set_defaults(func=cmd_train)
 
     w = sub.add_parser("worker", help=argparse.SUPPRESS)  # what the supervisor runs
@@ -516,22 +541,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.set_defaults(func=cmd_compare)
 
-    m = sub.add_parser("demo", help="the whole lifecycle on a laptop CPU: pretrain a tiny model, RL it, eval before/after")
+    m = sub.add_parser(
+        "demo", help="the whole lifecycle on a laptop CPU: pretrain a tiny model, RL it, eval before/after"
+    )
     m.add_argument("--seed", type=int, default=0, help="seed of every stage")
-    m.add_argument("--minutes", type=float, default=12.0, help="scale the work (step counts) to about this many minutes")
-    m.add_argument("--model", choices=["tiny", "smollm2"], default="tiny", help="smollm2: RL SmolLM2-135M-Instruct (no pretraining)")
+    m.add_argument(
+        "--minutes", type=float, default=12.0, help="scale the work (step counts) to about this many minutes"
+    )
+    m.add_argument(
+        "--model",
+        choices=["tiny", "smollm2"],
+        default="tiny",
+        help="smollm2: RL SmolLM2-135M-Instruct (no pretraining)",
+    )
     m.add_argument("--out", default="runs/demo", help="output directory")
+    m.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
     m.set_defaults(func=cmd_demo)
 
-    d = sub.add_parser("doctor", help="diagnose a run: findings most severe first (exit 0 healthy, 1 warnings, 2 critical)")
+    d = sub.add_parser(
+        "doctor", help="diagnose a run: findings most severe first (exit 0 healthy, 1 warnings, 2 critical)"
+    )
     d.add_argument("run_dir", help="run directory (or a metrics.jsonl file)")
     d.add_argument("--json", action="store_true", help="print the diagnosis as one JSON object")
     d.set_defaults(func=cmd_doctor)
 
-    r = sub.add_parser("report", help="write one self-contained HTML report of a run (plots, findings, sample rollouts)")
+    r = sub.add_parser(
+        "report", help="write one self-contained HTML report of a run (plots, findings, sample rollouts)"
+    )
     r.add_argument("run_dir", help="run directory")
     r.add_argument("-o", "--out", default=None, help="output HTML file (default: RUN_DIR/report.html)")
-    r.add_argument("--compare", nargs="+", default=[], metavar="RUN_DIR2", help="overlay these runs on every plot")
+    r.add_argument(
+        "--compare", nargs="+", default=[], metavar="RUN_DIR2", help="overlay these runs on every plot"
+    )
     r.set_defaults(func=cmd_report)
 
     f = sub.add_parser("config-fields", help="print every config field with its default and documentation")

@@ -234,8 +234,12 @@ class EvalConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every_steps: int = Field(0, ge=0, description="Save a checkpoint every this many steps (0 = off; see every_minutes and auto).")
-    every_minutes: float = Field(0.0, ge=0.0, description="Also save when this many minutes passed since the last save (0 = off).")
+    every_steps: int = Field(
+        0, ge=0, description="Save a checkpoint every this many steps (0 = off; see every_minutes and auto)."
+    )
+    every_minutes: float = Field(
+        0.0, ge=0.0, description="Also save when this many minutes passed since the last save (0 = off)."
+    )
     auto: bool = Field(
         False,
         description=(
@@ -243,38 +247,78 @@ class CheckpointConfig(Section):
             "failures (checkpoint.assumed_mtbf_hours until a failure has been seen); overrides every_steps/every_minutes."
         ),
     )
-    assumed_mtbf_hours: float = Field(24.0, gt=0.0, description="Mean time between failures assumed by auto before any failure is observed.")
-    keep_last: int = Field(2, ge=1, description="Newest checkpoints kept; older ones are deleted after a new one is committed.")
-    keep_best: int = Field(1, ge=0, description="Checkpoints kept for the best value of checkpoint.best_metric.")
-    best_metric: str = Field("eval/accuracy", description="Metric (higher is better) that ranks checkpoints for keep_best.")
+    assumed_mtbf_hours: float = Field(
+        24.0, gt=0.0, description="Mean time between failures assumed by auto before any failure is observed."
+    )
+    keep_last: int = Field(
+        2, ge=1, description="Newest checkpoints kept; older ones are deleted after a new one is committed."
+    )
+    keep_best: int = Field(
+        1, ge=0, description="Checkpoints kept for the best value of checkpoint.best_metric."
+    )
+    best_metric: str = Field(
+        "eval/accuracy", description="Metric (higher is better) that ranks checkpoints for keep_best."
+    )
     async_save: bool = Field(
-        False, description="Write checkpoints in a background thread (training waits only for the copy to CPU memory)."
+        False,
+        description="Write checkpoints in a background thread (training waits only for the copy to CPU memory).",
     )
 
 
 class SupervisorConfig(Section):
-    enabled: bool = Field(True, description="Run training in a child process that is restarted when it crashes or hangs.")
-    max_restarts: int = Field(5, ge=0, description="Restarts allowed within supervisor.restart_window_s before giving up.")
+    enabled: bool = Field(
+        True, description="Run training in a child process that is restarted when it crashes or hangs."
+    )
+    max_restarts: int = Field(
+        5, ge=0, description="Restarts allowed within supervisor.restart_window_s before giving up."
+    )
     restart_window_s: float = Field(3600.0, gt=0.0, description="Window over which max_restarts is counted.")
     crash_loop_restarts: int = Field(
-        3, ge=2, description="Stop with a diagnosis when this many consecutive restarts die without passing the same step."
+        3,
+        ge=2,
+        description="Stop with a diagnosis when this many consecutive restarts die without passing the same step.",
     )
-    hang_timeout_s: float = Field(600.0, gt=0.0, description="Kill and restart a worker that sent no heartbeat for this long.")
-    startup_timeout_s: float = Field(900.0, gt=0.0, description="Longest a worker may take to load its model before its first heartbeat.")
-    backoff_s: float = Field(2.0, ge=0.0, description="Wait before the first restart; doubles with each restart in a row (capped at 60 s).")
+    hang_timeout_s: float = Field(
+        600.0, gt=0.0, description="Kill and restart a worker that sent no heartbeat for this long."
+    )
+    startup_timeout_s: float = Field(
+        900.0, gt=0.0, description="Longest a worker may take to load its model before its first heartbeat."
+    )
+    backoff_s: float = Field(
+        2.0,
+        ge=0.0,
+        description="Wait before the first restart; doubles with each restart in a row (capped at 60 s).",
+    )
 
 
 class FaultsConfig(Section):
     """Chaos drills: rehearse recovery on your own run. Each fault fires once per run (not again after the
     restart it causes) and is logged as an event of kind 'fault'."""
 
-    crash_at_step: int = Field(0, ge=0, description="Worker exits with an error after finishing this step (0 = off).")
-    hang_at_step: int = Field(0, ge=0, description="Worker stops sending heartbeats and sleeps after this step (0 = off).")
-    kill_during_save_at_step: int = Field(0, ge=0, description="Worker SIGKILLs itself in the middle of writing this step's checkpoint (0 = off).")
-    corrupt_latest_checkpoint: bool = Field(False, description="After the first checkpoint is written, flip bytes in its weights and crash.")
-    nan_grad_at_step: int = Field(0, ge=0, description="Gradients of this step's update are replaced by NaN (0 = off).")
-    reward_error_rate: float = Field(0.0, ge=0.0, le=1.0, description="Share of reward calls that raise an error.")
-    reward_stall_s: float = Field(0.0, ge=0.0, description="Seconds the first reward call of the run sleeps (a stalled verifier).")
+    crash_at_step: int = Field(
+        0, ge=0, description="Worker exits with an error after finishing this step (0 = off)."
+    )
+    hang_at_step: int = Field(
+        0, ge=0, description="Worker stops sending heartbeats and sleeps after this step (0 = off)."
+    )
+    kill_during_save_at_step: int = Field(
+        0,
+        ge=0,
+        description="Worker SIGKILLs itself in the middle of writing this step's checkpoint (0 = off).",
+    )
+    corrupt_latest_checkpoint: bool = Field(
+        False,
+        description="After the first checkpoint past step 0 is written, flip bytes in its weights and crash.",
+    )
+    nan_grad_at_step: int = Field(
+        0, ge=0, description="Gradients of this step's update are replaced by NaN (0 = off)."
+    )
+    reward_error_rate: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of reward calls that raise an error."
+    )
+    reward_stall_s: float = Field(
+        0.0, ge=0.0, description="Seconds the first reward call of the run sleeps (a stalled verifier)."
+    )
 
     @property
     def any(self) -> bool:
@@ -311,8 +355,12 @@ class CurriculumConfig(Section):
             "or uniform (every bucket alike: the baseline)."
         ),
     )
-    band_low: float = Field(0.2, ge=0.0, lt=1.0, description="strategy 'band': lower edge of the target pass-rate band.")
-    band_high: float = Field(0.8, gt=0.0, le=1.0, description="strategy 'band': upper edge of the target pass-rate band.")
+    band_low: float = Field(
+        0.2, ge=0.0, lt=1.0, description="strategy 'band': lower edge of the target pass-rate band."
+    )
+    band_high: float = Field(
+        0.8, gt=0.0, le=1.0, description="strategy 'band': upper edge of the target pass-rate band."
+    )
     decay: float = Field(
         0.9,
         gt=0.0,
@@ -348,7 +396,9 @@ class CurriculumConfig(Section):
         ),
     )
     max_tracked_problems: int = Field(
-        4096, ge=1, description="skip_after > 0: per-problem records kept (least recently seen dropped first)."
+        4096,
+        ge=1,
+        description="skip_after > 0: per-problem records kept (least recently seen dropped first).",
     )
     dynamic_sampling: bool = Field(
         False,
@@ -393,9 +443,16 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
     log: LogConfig = Field(default_factory=LogConfig, description="Logging.")
-    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description="Crash and hang recovery.")
-    faults: FaultsConfig = Field(default_factory=FaultsConfig, description="Fault injection for recovery drills (off by default).")
-    guards: GuardsConfig = Field(default_factory=GuardsConfig, description="Per-step guards and divergence rules, and the actions taken on them.")
+    supervisor: SupervisorConfig = Field(
+        default_factory=SupervisorConfig, description="Crash and hang recovery."
+    )
+    faults: FaultsConfig = Field(
+        default_factory=FaultsConfig, description="Fault injection for recovery drills (off by default)."
+    )
+    guards: GuardsConfig = Field(
+        default_factory=GuardsConfig,
+        description="Per-step guards and divergence rules, and the actions taken on them.",
+    )
     curriculum: CurriculumConfig = Field(
         default_factory=CurriculumConfig, description="Problem order, adaptive curriculum, dynamic sampling."
     )

@@ -90,7 +90,11 @@ def value_distribution(numbers: list[int]) -> dict[int, float]:
         if not rest:
             return Counter({value: Fraction(1)})
         n = rest[0]
-        ops = [value + n, value * n] + ([value - n] if value > n else []) + ([value // n] if n > 1 and value % n == 0 else [])
+        ops = (
+            [value + n, value * n]
+            + ([value - n] if value > n else [])
+            + ([value // n] if n > 1 and value % n == 0 else [])
+        )
         out: Counter = Counter()
         for v in ops:
             for w, p in rec(v, rest[1:]).items():
@@ -216,14 +220,22 @@ PRETRAIN_STEPS_AT_12_MIN = 800
 RL_STEPS_AT_12_MIN = 100
 
 
-def demo_rl_config(base_model: str, task_params: dict[str, Any], steps: int, eval_every: int, seed: int) -> dict[str, Any]:
+def demo_rl_config(
+    base_model: str, task_params: dict[str, Any], steps: int, eval_every: int, seed: int
+) -> dict[str, Any]:
     """The RL stage's config (also shipped as configs/countdown_tiny.toml with model.path = "tiny")."""
     return {
         "model": {"path": base_model},
         "task": {"name": "countdown", "template": "compact", "params": task_params, "seed": 0},
         "rollout": {"batch_size": 128, "group_size": 8, "max_new_tokens": 24, "temperature": 1.0},
-        "algo": {"lr": 3e-4, "advantage": "grpo", "loss_agg": "token_mean", "clip_low": 0.2, "clip_high": 0.28},
-        "train": {"steps": steps, "micro_batch_size": 32, "seed": seed},
+        "algo": {
+            "lr": 3e-4,
+            "advantage": "grpo",
+            "loss_agg": "token_mean",
+            "clip_low": 0.2,
+            "clip_high": 0.28,
+        },
+        "train": {"steps": steps, "micro_batch_size": 32, "seed": seed, "threads": torch.get_num_threads()},
         "eval": {"every_steps": eval_every, "problems": 200, "at_start": True},
         "checkpoint": {"every_steps": eval_every, "keep_last": 2, "keep_best": 1},
         "log": {"rollouts_per_step": 8},
@@ -231,8 +243,16 @@ def demo_rl_config(base_model: str, task_params: dict[str, Any], steps: int, eva
     }
 
 
-def run_demo(seed: int = 0, minutes: float = 12.0, model: str = "tiny", out: str | Path = "runs/demo") -> dict[str, Any]:
-    """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers."""
+def run_demo(
+    seed: int = 0, minutes: float = 12.0, model: str = "tiny", out: str | Path = "runs/demo", threads: int = 1
+) -> dict[str, Any]:
+    """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers.
+
+    `threads` sets torch's CPU threads for every stage. One is the default: the tiny model's kernels are
+    too small for a second thread to pay much, and OpenMP threads stall badly (10x measured here) when
+    another program competes for the cores."""
+    if threads > 0:
+        torch.set_num_threads(threads)
     from rich.console import Console
 
     from keelrl.config import config_from_dict
@@ -249,19 +269,31 @@ def run_demo(seed: int = 0, minutes: float = 12.0, model: str = "tiny", out: str
     if model == "tiny":
         task_params = DEMO_TASK_PARAMS
         task = get_task("countdown", **task_params)
-        console.rule(f"[bold]1/4 pretraining a tiny base model[/] ({plan.pretrain_steps} steps of next-token loss)")
+        console.rule(
+            f"[bold]1/4 pretraining a tiny base model[/] ({plan.pretrain_steps} steps of next-token loss)"
+        )
         tokenizer = build_char_tokenizer()
         policy = build_tiny_model(
-            TinyModelConfig(**{**DEMO_MODEL.model_dump(), "init_seed": seed}), len(tokenizer), tokenizer.eos_token_id
+            TinyModelConfig(**{**DEMO_MODEL.model_dump(), "init_seed": seed}),
+            len(tokenizer),
+            tokenizer.eos_token_id,
         )
         with _progress(console, "pretrain", plan.pretrain_steps) as advance:
             result = pretrain(
-                policy, tokenizer, lambda i: corpus_text(task, i, seed), plan.pretrain_steps, plan.pretrain_batch,
-                plan.pretrain_lr, seed, on_step=lambda step, loss: advance(f"loss {loss:.3f}"),
+                policy,
+                tokenizer,
+                lambda i: corpus_text(task, i, seed),
+                plan.pretrain_steps,
+                plan.pretrain_batch,
+                plan.pretrain_lr,
+                seed,
+                on_step=lambda step, loss: advance(f"loss {loss:.3f}"),
             )
         save_hf_dir(policy, tokenizer, base_dir)
-        console.print(f"base model: {sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters, "
-                      f"{result.tokens / 1e6:.2f}M tokens in {result.seconds:.0f} s, final loss {result.final_loss:.3f}")
+        console.print(
+            f"base model: {sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters, "
+            f"{result.tokens / 1e6:.2f}M tokens in {result.seconds:.0f} s, final loss {result.final_loss:.3f}"
+        )
         template = "compact"
         base_path = str(base_dir)
         rl = demo_rl_config(base_path, task_params, plan.rl_steps, plan.eval_every, seed)
@@ -279,12 +311,16 @@ def run_demo(seed: int = 0, minutes: float = 12.0, model: str = "tiny", out: str
     console.rule("[bold]2/4 evaluating the base model[/]")
     base_report = _evaluate(console, base_path, task, template, rl["rollout"]["max_new_tokens"], seed)
 
-    console.rule(f"[bold]3/4 RL[/] ({rl['train']['steps']} steps of {rl['algo']['advantage']}, run dir {out / 'rl'})")
+    console.rule(
+        f"[bold]3/4 RL[/] ({rl['train']['steps']} steps of {rl['algo']['advantage']}, run dir {out / 'rl'})"
+    )
     cfg = config_from_dict(rl, "keelrl demo")
     summary_rl = train(cfg, out / "rl", resume="never" if not (out / "rl").exists() else "auto")
 
     console.rule("[bold]4/4 evaluating the final model[/]")
-    final_report = _evaluate(console, str(out / "rl" / "final"), task, template, rl["rollout"]["max_new_tokens"], seed)
+    final_report = _evaluate(
+        console, str(out / "rl" / "final"), task, template, rl["rollout"]["max_new_tokens"], seed
+    )
     return _summarize(console, out, seed, chance, base_report, final_report, summary_rl, t_start)
 
 
@@ -306,7 +342,8 @@ def smollm2_rl_config(task_params: dict[str, Any], minutes: float, seed: int) ->
 
 
 class _progress:
-    """A rich progress bar with ETA as a context manager yielding `advance(text)`."""
+    """A progress bar with ETA as a context manager yielding `advance(text)`; on a non-terminal (logs, CI)
+    a plain line every tenth of the way instead."""
 
     def __init__(self, console: Any, label: str, total: int) -> None:
         from rich.progress import (
@@ -318,21 +355,46 @@ class _progress:
             TimeRemainingColumn,
         )
 
-        self.progress = Progress(
-            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
-            TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console,
-        )
-        self.task = self.progress.add_task(label, total=total, info="")
+        self.console, self.label, self.total = console, label, total
+        self.done, self.started = 0, time.time()
+        self.progress = None
+        if console.is_terminal:
+            self.progress = Progress(
+                TextColumn(f"[bold]{label}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                console=console,
+            )
+            self.task = self.progress.add_task(label, total=total, info="")
+
+    def _advance(self, info: str = "") -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, info=info)
+        elif self.done % max(1, self.total // 10) == 0 or self.done == self.total:
+            elapsed = time.time() - self.started
+            eta = elapsed / self.done * (self.total - self.done)
+            self.console.print(
+                f"{self.label} {self.done}/{self.total}  {elapsed:.0f}s elapsed, eta {eta:.0f}s  {info}"
+            )
 
     def __enter__(self) -> Callable[[str], None]:
-        self.progress.start()
-        return lambda info="": self.progress.update(self.task, advance=1, info=info)
+        if self.progress is not None:
+            self.progress.start()
+        return self._advance
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        if self.progress is not None:
+            self.progress.stop()
 
 
-def _evaluate(console: Any, model_path: str, task: Countdown, template: str, max_new_tokens: int, seed: int) -> Any:
+def _evaluate(
+    console: Any, model_path: str, task: Countdown, template: str, max_new_tokens: int, seed: int
+) -> Any:
     from keelrl.config import ModelConfig
     from keelrl.evaluate import evaluate
     from keelrl.models import load_policy
@@ -341,15 +403,29 @@ def _evaluate(console: Any, model_path: str, task: Countdown, template: str, max
     policy, tokenizer = load_policy(ModelConfig(path=model_path))
     with _progress(console, "eval", EVAL_PROBLEMS) as advance:
         report = evaluate(
-            HFSampler(policy, tokenizer), tokenizer, task, template, EVAL_PROBLEMS,  # type: ignore[arg-type]
-            max_new_tokens=max_new_tokens, seed=seed, batch_size=128,
-            meta={"model": model_path}, on_progress=lambda n: [advance() for _ in range(n)] and None,
+            HFSampler(policy, tokenizer),
+            tokenizer,
+            task,
+            template,
+            EVAL_PROBLEMS,  # type: ignore[arg-type]
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            batch_size=128,
+            meta={"model": model_path},
+            on_progress=lambda n: [advance() for _ in range(n)] and None,
         )
     return report
 
 
 def _summarize(
-    console: Any, out: Path, seed: int, chance: float, base: Any, final: Any, rl_summary: dict[str, Any], t_start: float
+    console: Any,
+    out: Path,
+    seed: int,
+    chance: float,
+    base: Any,
+    final: Any,
+    rl_summary: dict[str, Any],
+    t_start: float,
 ) -> dict[str, Any]:
     import json
     import resource
@@ -373,9 +449,16 @@ def _summarize(
     for col in ("", "accuracy", "95% interval", "mean reward", "format rate"):
         table.add_column(col)
     for name, s, a, ci in (("base model", b, ba, bci), ("after RL", f, fa, fci)):
-        table.add_row(name, f"{a:.3f}", f"[{ci[0]:.3f}, {ci[1]:.3f}]", f"{s['metrics']['reward/mean']['value']:.3f}",
-                      f"{s['metrics']['format_rate']['value']:.2f}")
-    table.add_row("change", f"{diff['diff']:+.3f}", f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}]", "", diff["verdict"])
+        table.add_row(
+            name,
+            f"{a:.3f}",
+            f"[{ci[0]:.3f}, {ci[1]:.3f}]",
+            f"{s['metrics']['reward/mean']['value']:.3f}",
+            f"{s['metrics']['format_rate']['value']:.2f}",
+        )
+    table.add_row(
+        "change", f"{diff['diff']:+.3f}", f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}]", "", diff["verdict"]
+    )
     table.add_row("chance", f"{chance:.3f}", "", "", "")
     console.print(table)
     console.print("[bold]sample completions[/] (same problems, before -> after):")

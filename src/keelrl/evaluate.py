@@ -168,7 +168,9 @@ def run_eval(
         seeds = [stable_hash("eval", seed, res.index, j) for res, j, _, _ in chunk]
         gens = sampler.generate([ids for _, _, ids, _ in chunk], settings, seeds)
         texts = [tokenizer.decode(gen.completion_ids, skip_special_tokens=True) for gen in gens]
-        scores = score_batch(task, [res.problem for res, _, _, _ in chunk], [c[3] + t for c, t in zip(chunk, texts)])
+        scores = score_batch(
+            task, [res.problem for res, _, _, _ in chunk], [c[3] + t for c, t in zip(chunk, texts)]
+        )
         for (res, _, _, _), gen, text, score in zip(chunk, gens, texts, scores):
             formatted = bool(score.info.get("formatted", score.reward > 0))
             res.texts.append(text)

@@ -33,7 +33,9 @@ class FaultInjector:
         self.cfg = cfg if run_dir is not None else FaultsConfig()
         self.run_dir = run_dir
         self.seed = seed
-        self.fired = {e.get("fault") for e in run_dir.events() if e.get("kind") == "fault"} if run_dir else set()
+        self.fired = (
+            {e.get("fault") for e in run_dir.events() if e.get("kind") == "fault"} if run_dir else set()
+        )
 
     def _fire(self, name: str, step: int, **fields: Any) -> bool:
         """Record and return True the first time `name` fires in this run; False ever after."""
@@ -53,14 +55,18 @@ class FaultInjector:
 
     def save_forced(self, step: int) -> bool:
         """True when a drill needs a checkpoint at this step even if the interval does not call for one."""
-        return bool(self.cfg.kill_during_save_at_step) and step == self.cfg.kill_during_save_at_step and (
-            "kill_during_save_at_step" not in self.fired
+        return (
+            bool(self.cfg.kill_during_save_at_step)
+            and step == self.cfg.kill_during_save_at_step
+            and ("kill_during_save_at_step" not in self.fired)
         )
 
     def before_save(self, step: int) -> None:
         """Arm a kill in the middle of this step's checkpoint write (after the weights file, before the manifest)."""
-        if self.cfg.kill_during_save_at_step and step == self.cfg.kill_during_save_at_step and self._fire(
-            "kill_during_save_at_step", step
+        if (
+            self.cfg.kill_during_save_at_step
+            and step == self.cfg.kill_during_save_at_step
+            and self._fire("kill_during_save_at_step", step)
         ):
 
             def hook(fname: str) -> None:
@@ -70,7 +76,11 @@ class FaultInjector:
             ckpt.WRITE_HOOK = hook
 
     def after_save(self, path: Path, step: int) -> None:
-        if self.cfg.corrupt_latest_checkpoint and self._fire("corrupt_latest_checkpoint", step, checkpoint=path.name):
+        if (
+            self.cfg.corrupt_latest_checkpoint
+            and step > 0
+            and self._fire("corrupt_latest_checkpoint", step, checkpoint=path.name)
+        ):
             weights = path / ckpt.WEIGHTS
             with open(weights, "r+b") as f:
                 f.seek(weights.stat().st_size // 2)
@@ -81,7 +91,11 @@ class FaultInjector:
 
     def corrupt_gradients(self, step: int, model: torch.nn.Module) -> None:
         """Called after backward, before the optimizer step of RL step `step` (1-based)."""
-        if self.cfg.nan_grad_at_step and step == self.cfg.nan_grad_at_step and self._fire("nan_grad_at_step", step):
+        if (
+            self.cfg.nan_grad_at_step
+            and step == self.cfg.nan_grad_at_step
+            and self._fire("nan_grad_at_step", step)
+        ):
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))
@@ -90,14 +104,18 @@ class FaultInjector:
     def wraps_scoring(self) -> bool:
         return bool(self.cfg.reward_error_rate or self.cfg.reward_stall_s)
 
-    def wrap_score(self, score: Callable[[dict[str, Any], str], Score], step: int) -> Callable[[dict[str, Any], str], Score]:
+    def wrap_score(
+        self, score: Callable[[dict[str, Any], str], Score], step: int
+    ) -> Callable[[dict[str, Any], str], Score]:
         if not self.wraps_scoring:
             return score
         calls = [0]
 
         def wrapped(problem: dict[str, Any], completion: str) -> Score:
             calls[0] += 1
-            if self.cfg.reward_stall_s and self._fire("reward_stall_s", step, seconds=self.cfg.reward_stall_s):
+            if self.cfg.reward_stall_s and self._fire(
+                "reward_stall_s", step, seconds=self.cfg.reward_stall_s
+            ):
                 time.sleep(self.cfg.reward_stall_s)
             rng = random.Random(stable_hash("reward_error", self.seed, step, calls[0]))
             if rng.random() < self.cfg.reward_error_rate:

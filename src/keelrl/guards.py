@@ -479,7 +479,9 @@ class RatioOutlierThresholds(_Rule):
     # PPO's clip range (0.2) means ratios past 1.2 already carry no gradient; a token whose probability moved
     # 10x (2.3 nats) between sampling and this update is far outside any trust region. veRL warns when
     # importance weights leave [0.5, 2] on average (REFERENCE.md); 10 is for a single token's maximum.
-    max_ratio: float = Field(10.0, gt=1.0, description="Skip an update whose largest per-token ratio pi/pi_old exceeds this.")
+    max_ratio: float = Field(
+        10.0, gt=1.0, description="Skip an update whose largest per-token ratio pi/pi_old exceeds this."
+    )
 
 
 class GuardsConfig(BaseModel):
@@ -488,14 +490,25 @@ class GuardsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    enabled: bool = Field(True, description="Act on the rules during training (keelrl doctor reads them either way).")
-    skip_window: int = Field(20, ge=1, description="Steps over which skipped updates are counted for escalation.")
-    max_skips_in_window: int = Field(
-        5, ge=1, description="This many skipped updates within guards.skip_window steps escalates to a rollback."
+    enabled: bool = Field(
+        True, description="Act on the rules during training (keelrl doctor reads them either way)."
     )
-    max_rollbacks: int = Field(3, ge=0, description="Rollbacks allowed per run; one more trouble after that stops the run.")
+    skip_window: int = Field(
+        20, ge=1, description="Steps over which skipped updates are counted for escalation."
+    )
+    max_skips_in_window: int = Field(
+        5,
+        ge=1,
+        description="This many skipped updates within guards.skip_window steps escalates to a rollback.",
+    )
+    max_rollbacks: int = Field(
+        3, ge=0, description="Rollbacks allowed per run; one more trouble after that stops the run."
+    )
     rollback_lr_scale: float = Field(
-        1.0, gt=0.0, le=1.0, description="Multiply the learning rate by this at every rollback (1.0 = unchanged)."
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Multiply the learning rate by this at every rollback (1.0 = unchanged).",
     )
     ratio_outlier: RatioOutlierThresholds = Field(
         default_factory=RatioOutlierThresholds,
@@ -1303,19 +1316,31 @@ def _close(cur: _Open, n: int, records: Sequence[Record]) -> Finding:
 
 
 def check_update(
-    history: Sequence[Record], step: int, loss: float, grad_norm: float, ratio_max: float, reward_std: float,
+    history: Sequence[Record],
+    step: int,
+    loss: float,
+    grad_norm: float,
+    ratio_max: float,
+    reward_std: float,
     cfg: GuardsConfig,
 ) -> Finding | None:
     """Judge one update before it is applied. Returns the finding that says to skip it, or None."""
     rec = {"step": step, "loss/total": loss, "grad_norm": grad_norm}
-    if cfg.nonfinite.enabled and (f := nonfinite([rec], cfg.nonfinite)) is not None and f.severity == "critical":
+    if (
+        cfg.nonfinite.enabled
+        and (f := nonfinite([rec], cfg.nonfinite)) is not None
+        and f.severity == "critical"
+    ):
         return f
     if cfg.grad_spike.enabled and (f := grad_spike([*history, rec], cfg.grad_spike)) is not None:
         if f.severity == "critical":
             return f
     if cfg.exact_zero.enabled and grad_norm == 0.0 and reward_std > 1e-9:  # not float noise of equal rewards
         return _finding(
-            "exact_zero", "critical", (step, step), {"grad_norm": 0.0, "reward_std": reward_std},
+            "exact_zero",
+            "critical",
+            (step, step),
+            {"grad_norm": 0.0, "reward_std": reward_std},
             "the gradient is exactly zero although rewards vary within the batch: the update computes nothing",
             "check that the policy is trainable (requires_grad) and that advantages reach the loss",
             "skip",
@@ -1323,7 +1348,10 @@ def check_update(
     t = cfg.ratio_outlier
     if t.enabled and math.isfinite(ratio_max) and ratio_max > t.max_ratio:
         return _finding(
-            "ratio_outlier", "critical", (step, step), {"ratio_max": ratio_max, "max_ratio": t.max_ratio},
+            "ratio_outlier",
+            "critical",
+            (step, step),
+            {"ratio_max": ratio_max, "max_ratio": t.max_ratio},
             f"an importance ratio of {ratio_max:.3g} is far outside the trust region",
             "lower algo.lr, algo.ppo_epochs or algo.minibatches, or check sampler/trainer log-prob agreement",
             t.action,

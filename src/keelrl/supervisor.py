@@ -152,8 +152,12 @@ class Supervisor:
         if self.proc is None or self.proc.poll() is not None:
             return
         if self.stop_signals == 1:
-            self.run_dir.event("preempt", self._step() or 0, signal=signal.Signals(signum).name,
-                               action="worker asked to checkpoint and exit")
+            self.run_dir.event(
+                "preempt",
+                self._step() or 0,
+                signal=signal.Signals(signum).name,
+                action="worker asked to checkpoint and exit",
+            )
             self.proc.send_signal(signal.SIGTERM)
         else:
             self._kill_worker()
@@ -213,8 +217,13 @@ class Supervisor:
             self.restarts += 1
             self.restart_times.append(time.time())
             self.run_dir.event(
-                "restart", attempt.end_step or 0, cause=attempt.cause, resume_from=restored, steps_lost=lost,
-                restarts=self.restarts, delay_s=delay,
+                "restart",
+                attempt.end_step or 0,
+                cause=attempt.cause,
+                resume_from=restored,
+                steps_lost=lost,
+                restarts=self.restarts,
+                delay_s=delay,
             )
             self._status(state="restarting", restarts=self.restarts)
             time.sleep(delay)
@@ -230,7 +239,12 @@ class Supervisor:
         env = {**os.environ, ENV_SUPERVISED: "1"}
         (self.run_dir.path / HEARTBEAT_FILE).unlink(missing_ok=True)
         self.proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         log.close()
         attempt = Attempt(started=time.time(), start_step=self._restore_step())
@@ -250,13 +264,24 @@ class Supervisor:
             now = time.time()
             if hb is None:
                 if now - attempt.started > self.cfg.startup_timeout_s:
-                    return self._hung(attempt, f"no heartbeat within supervisor.startup_timeout_s={self.cfg.startup_timeout_s:g}")
+                    return self._hung(
+                        attempt,
+                        f"no heartbeat within supervisor.startup_timeout_s={self.cfg.startup_timeout_s:g}",
+                    )
             else:
-                self._status(state=hb.get("state", "running"), step=hb.get("step"), last_heartbeat=hb.get("time"),
-                             last_checkpoint=hb.get("last_checkpoint"), worker_pid=self.proc.pid)
+                self._status(
+                    state=hb.get("state", "running"),
+                    step=hb.get("step"),
+                    last_heartbeat=hb.get("time"),
+                    last_checkpoint=hb.get("last_checkpoint"),
+                    worker_pid=self.proc.pid,
+                )
                 if now - float(hb.get("time", now)) > self.cfg.hang_timeout_s:
-                    return self._hung(attempt, f"no heartbeat for {now - float(hb['time']):.0f} s "
-                                               f"(supervisor.hang_timeout_s={self.cfg.hang_timeout_s:g}) in phase {hb.get('phase')}")
+                    return self._hung(
+                        attempt,
+                        f"no heartbeat for {now - float(hb['time']):.0f} s "
+                        f"(supervisor.hang_timeout_s={self.cfg.hang_timeout_s:g}) in phase {hb.get('phase')}",
+                    )
             time.sleep(POLL_S)
 
     def _hung(self, attempt: Attempt, why: str) -> str:
@@ -283,15 +308,19 @@ class Supervisor:
         while self.restart_times and now - self.restart_times[0] > self.cfg.restart_window_s:
             self.restart_times.popleft()
         if len(self.restart_times) >= self.cfg.max_restarts:
-            return (f"the worker failed {len(self.restart_times) + 1} times within {self.cfg.restart_window_s:g} s "
-                    f"(supervisor.max_restarts={self.cfg.max_restarts}); last failure: {attempt.cause}")
+            return (
+                f"the worker failed {len(self.restart_times) + 1} times within {self.cfg.restart_window_s:g} s "
+                f"(supervisor.max_restarts={self.cfg.max_restarts}); last failure: {attempt.cause}"
+            )
         n = self.cfg.crash_loop_restarts
         recent = self.attempts[-n:]
         if len(recent) == n and len({a.end_step for a in recent}) == 1:
             tail = _log_tail(self.run_dir.path / WORKER_LOG)
-            return (f"crash loop: {n} attempts in a row died at step {attempt.end_step} ({attempt.cause}). Restarting "
-                    f"again would fail the same way; fix the cause and resume with the same command. "
-                    f"Last lines of {WORKER_LOG}:\n{tail}")
+            return (
+                f"crash loop: {n} attempts in a row died at step {attempt.end_step} ({attempt.cause}). Restarting "
+                f"again would fail the same way; fix the cause and resume with the same command. "
+                f"Last lines of {WORKER_LOG}:\n{tail}"
+            )
         return None
 
     def _status(self, **fields: Any) -> None:

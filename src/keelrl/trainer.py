@@ -87,8 +87,6 @@ class GuardStop(RuntimeError):
     """A guard decided the run must stop; the worker exits with EXIT_GUARD_STOP and is not restarted."""
 
 
-
-
 class ResumeError(RuntimeError):
     """The run directory cannot be resumed as asked; the message lists what is wrong."""
 
@@ -114,7 +112,9 @@ class Run:
     heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(Path("."), enabled=False))
     supervised: bool = False
     faults: FaultInjector = field(default_factory=lambda: FaultInjector(FaultsConfig(), None))
-    ckpt_policy: ckpt.CheckpointPolicy = field(default_factory=lambda: ckpt.CheckpointPolicy(0, 0.0, False, 86400.0))
+    ckpt_policy: ckpt.CheckpointPolicy = field(
+        default_factory=lambda: ckpt.CheckpointPolicy(0, 0.0, False, 86400.0)
+    )
     saver: ckpt.AsyncCheckpointer | None = None
     save_results: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     save_stalls: list[tuple[int, float, float]] = field(default_factory=list)
@@ -225,7 +225,9 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     run.heartbeat = Heartbeat(run_dir.path, enabled=world.is_writer)
     run.faults = FaultInjector(cfg.faults, run_dir if world.is_writer else None, cfg.train.seed)
     c = cfg.checkpoint
-    run.ckpt_policy = ckpt.CheckpointPolicy(c.every_steps, c.every_minutes, c.auto, c.assumed_mtbf_hours * 3600)
+    run.ckpt_policy = ckpt.CheckpointPolicy(
+        c.every_steps, c.every_minutes, c.auto, c.assumed_mtbf_hours * 3600
+    )
     if c.async_save:
         run.saver = ckpt.AsyncCheckpointer(lambda path, err, snap: run.save_results.put((path, err, snap)))
     restore_or_start(run, state, resume, config_dict)
@@ -367,12 +369,19 @@ def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> dict[st
                 scores.append(score(problem, text))
             except Exception as err:
                 errors.append(f"{type(err).__name__}: {err}"[:300])
-                scores.append(Score(0.0, False, {"formatted": False, "reason": "score_error", "error": errors[-1]}))
+                scores.append(
+                    Score(0.0, False, {"formatted": False, "reason": "score_error", "error": errors[-1]})
+                )
     for r, s in zip(rollouts, scores):
         r.reward, r.correct, r.info = s.reward, s.correct, dict(s.info)
     if errors:
-        run.event("score_errors", state.step, count=len(errors), first=errors[0],
-                  injected=any("injected fault" in e for e in errors))
+        run.event(
+            "score_errors",
+            state.step,
+            count=len(errors),
+            first=errors[0],
+            injected=any("injected fault" in e for e in errors),
+        )
     return {"reward/errors": float(len(errors))}
 
 
@@ -637,7 +646,12 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: flo
             finding = None
             if run.cfg.guards.enabled:
                 finding = check_update(
-                    run.history, state.step + 1, stats.get("loss/total", 0.0), grad_norm, ratio_max, reward_std,
+                    run.history,
+                    state.step + 1,
+                    stats.get("loss/total", 0.0),
+                    grad_norm,
+                    ratio_max,
+                    reward_std,
                     run.cfg.guards,
                 )
             if finding is not None and finding.action == "skip":
@@ -645,8 +659,15 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: flo
                 skipped += 1
                 nonfinite += finding.name == "nonfinite"
                 run.escalate = run.guardian.record_skip(state.step + 1) or run.escalate
-                run.event("skip", state.step + 1, rule=finding.name, evidence=finding.evidence, message=finding.message,
-                          epoch=epoch, minibatch=m)
+                run.event(
+                    "skip",
+                    state.step + 1,
+                    rule=finding.name,
+                    evidence=finding.evidence,
+                    message=finding.message,
+                    epoch=epoch,
+                    minibatch=m,
+                )
                 continue
             state.optimizer.step()
     state.scheduler.step()
@@ -800,7 +821,9 @@ def is_eval_step(cfg: Config, step: int) -> bool:
 # ------------------------------------------------------------------------------------------- checkpoint
 
 
-def save_checkpoint(run: Run, state: TrainState, metrics: dict[str, float], reason: str, wait: bool = False) -> None:
+def save_checkpoint(
+    run: Run, state: TrainState, metrics: dict[str, float], reason: str, wait: bool = False
+) -> None:
     """Snapshot `state` to CPU memory and commit it (rank 0 writes), in the background when
     checkpoint.async_save. Bookkeeping (events, pruning, status) happens in `collect_saves`."""
     if not run.world.is_writer:
@@ -839,13 +862,22 @@ def collect_saves(run: Run) -> None:
         # keep a healthy checkpoint from before the guards' lookback, so a rollback can land before trouble
         anchor = ckpt.rollback_anchor(run.run_dir.checkpoints, snap.step - cfg.guards.skip_window)
         deleted = ckpt.prune(
-            run.run_dir.checkpoints, cfg.checkpoint.keep_last, cfg.checkpoint.keep_best, cfg.checkpoint.best_metric,
+            run.run_dir.checkpoints,
+            cfg.checkpoint.keep_last,
+            cfg.checkpoint.keep_best,
+            cfg.checkpoint.best_metric,
             protect=(anchor,) if anchor and cfg.guards.enabled else (),
         )
         written_s = time.time() - snap.state.get("snapshot_time", time.time())
         run.ckpt_policy.record_save(written_s)
-        run.event("checkpoint", snap.step, path=path.name, reason=snap.state.get("reason"), seconds=round(written_s, 3),
-                  deleted=[p.name for p in deleted])
+        run.event(
+            "checkpoint",
+            snap.step,
+            path=path.name,
+            reason=snap.state.get("reason"),
+            seconds=round(written_s, 3),
+            deleted=[p.name for p in deleted],
+        )
         run.report_status(last_checkpoint=path.name)
         run.faults.after_save(path, snap.step)
 
@@ -920,21 +952,42 @@ def guard_phase(run: Run, state: TrainState) -> str:
         return "ok"
     action, changed, findings = run.guardian.after_step(run.history)
     for f in changed:
-        run.event("guard", state.step, rule=f.name, severity=f.severity, action=f.action, first_step=f.steps[0],
-                  evidence=f.evidence, message=f.message, suggestion=f.suggestion)
+        run.event(
+            "guard",
+            state.step,
+            rule=f.name,
+            severity=f.severity,
+            action=f.action,
+            first_step=f.steps[0],
+            evidence=f.evidence,
+            message=f.message,
+            suggestion=f.suggestion,
+        )
     trigger = next((f for f in findings if f.action == action), None)
     if run.escalate:
         run.escalate = False
         recent = run.guardian.state["recent_skips"]
-        trigger = Finding("too_many_skips", "critical", (recent[0], state.step), {"skips": float(len(recent))},
-                          f"{len(recent)} updates skipped within {run.cfg.guards.skip_window} steps",
-                          "see the skip events for which guard fired", "rollback")
+        trigger = Finding(
+            "too_many_skips",
+            "critical",
+            (recent[0], state.step),
+            {"skips": float(len(recent))},
+            f"{len(recent)} updates skipped within {run.cfg.guards.skip_window} steps",
+            "see the skip events for which guard fired",
+            "rollback",
+        )
         action = "rollback"
     if action == "rollback" and trigger is not None:
         return "rollback" if rollback(run, state, trigger) else "stop"
     if action == "stop" and trigger is not None:
-        run.event("guard_stop", state.step, rule=trigger.name, evidence=trigger.evidence, message=trigger.message,
-                  suggestion=trigger.suggestion)
+        run.event(
+            "guard_stop",
+            state.step,
+            rule=trigger.name,
+            evidence=trigger.evidence,
+            message=trigger.message,
+            suggestion=trigger.suggestion,
+        )
         return "stop"
     return "ok"
 
@@ -946,8 +999,14 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
     Returns False when no rollback is possible (none left, or no healthy checkpoint): the run then stops."""
     cfg = run.cfg.guards
     if not run.guardian.can_roll_back():
-        run.event("guard_stop", state.step, rule=trigger.name, reason=f"guards.max_rollbacks={cfg.max_rollbacks} used up",
-                  evidence=trigger.evidence, message=trigger.message)
+        run.event(
+            "guard_stop",
+            state.step,
+            rule=trigger.name,
+            reason=f"guards.max_rollbacks={cfg.max_rollbacks} used up",
+            evidence=trigger.evidence,
+            message=trigger.message,
+        )
         return False
     if run.saver is not None:
         run.saver.wait()
@@ -959,8 +1018,14 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
             target = path
             break
     if target is None:
-        run.event("guard_stop", state.step, rule=trigger.name, reason="no healthy checkpoint from before the trouble",
-                  evidence=trigger.evidence, message=trigger.message)
+        run.event(
+            "guard_stop",
+            state.step,
+            rule=trigger.name,
+            reason="no healthy checkpoint from before the trouble",
+            evidence=trigger.evidence,
+            message=trigger.message,
+        )
         return False
     guards = dict(run.guardian.state)
     cursor = run.source.state_dict()
@@ -984,9 +1049,18 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
     run.run_dir.truncate_after(state.step)
     run.history = [r for r in run.history if int(r.get("step", -1)) <= state.step]
     run.sampler.sync_weights(state.policy, state.policy_version)
-    run.event("rollback", from_step, to_step=state.step, checkpoint=target.name, rule=trigger.name,
-              evidence=trigger.evidence, message=trigger.message, lr_scale=guards["lr_scale"],
-              rollbacks=guards["rollbacks"], skipped_problems_from=cursor)
+    run.event(
+        "rollback",
+        from_step,
+        to_step=state.step,
+        checkpoint=target.name,
+        rule=trigger.name,
+        evidence=trigger.evidence,
+        message=trigger.message,
+        lr_scale=guards["lr_scale"],
+        rollbacks=guards["rollbacks"],
+        skipped_problems_from=cursor,
+    )
     save_checkpoint(run, state, {}, "rollback", wait=True)
     return True
 
@@ -996,7 +1070,9 @@ def stop_run(run: Run, state: TrainState) -> dict[str, Any]:
     save_checkpoint(run, state, {}, "stopped", wait=True)
     collect_saves(run)
     run.report_status(state="stopped", step=state.step)
-    raise GuardStop(f"stopped by guards at step {state.step}; see events.jsonl (kind guard_stop) and `keelrl doctor`")
+    raise GuardStop(
+        f"stopped by guards at step {state.step}; see events.jsonl (kind guard_stop) and `keelrl doctor`"
+    )
 
 
 def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dict[str, Any]:
@@ -1013,13 +1089,14 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
     install_heartbeat(run.heartbeat)
     run.report_status(state="running", step=state.step, started=run.started)
     try:
-        if state.step == 0 and cfg.eval.at_start:
+        if state.step == 0 and cfg.eval.at_start and not state.last_eval:  # not again when resuming at step 0
             run.heartbeat.beat(phase="eval")
             initial = eval_phase(run, state)
             update_best(run, state, initial)
             log_step(run, state, initial)
         if state.step == 0 and cfg.guards.enabled and not ckpt.committed(run.run_dir.checkpoints):
-            save_checkpoint(run, state, state.last_eval, "initial")  # a rollback target if trouble starts at once
+            # a rollback target in case trouble starts at once
+            save_checkpoint(run, state, state.last_eval, "initial")
         while state.step < cfg.train.steps:
             metrics = train_step(run, state)
             if is_eval_step(cfg, state.step):
@@ -1094,12 +1171,18 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
             "steps": state.step,
             "final_eval": {k.removeprefix("eval/"): v for k, v in final_eval.items() if k != "step"},
             "initial_eval": {k.removeprefix("eval/"): v for k, v in initial.items() if k.startswith("eval/")},
-            "best": {"metric": cfg.checkpoint.best_metric, "value": state.best_metric, "step": state.best_step},
+            "best": {
+                "metric": cfg.checkpoint.best_metric,
+                "value": state.best_metric,
+                "step": state.best_step,
+            },
             "weights_sha256": ckpt.weights_sha256(state.policy),
             "final_dir": str(run.run_dir.final_dir),
             "wall_seconds": time.time() - run.started,
             "model": model_summary(state.policy),
-            "checkpoint_stalls": [{"step": st, "stall_s": round(a, 4), "total_s": round(b, 4)} for st, a, b in run.save_stalls],
+            "checkpoint_stalls": [
+                {"step": st, "stall_s": round(a, 4), "total_s": round(b, 4)} for st, a, b in run.save_stalls
+            ],
         }
         run.run_dir.write_summary(summary)
         run.report_status(state="finished", step=state.step)

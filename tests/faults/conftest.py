@@ -46,11 +46,17 @@ class Drill:
             argv += ["--set", item]
         return argv + ([] if supervised else ["--no-supervisor"])
 
-    def run(self, run_dir: Path, *extra: str, supervised: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(run_dir, *extra, supervised=supervised), capture_output=True, text=True, timeout=timeout)
+    def run(
+        self, run_dir: Path, *extra: str, supervised: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.argv(run_dir, *extra, supervised=supervised), capture_output=True, text=True, timeout=timeout
+        )
 
     def start(self, run_dir: Path, *extra: str) -> subprocess.Popen:
-        proc = subprocess.Popen(self.argv(run_dir, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            self.argv(run_dir, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         _STARTED.append(proc)
         return proc
 

@@ -48,7 +48,9 @@ def test_sigkill_twenty_trials(drill: Drill, tmp_path: Path, reference_run: Path
         _sigkill_trial(drill, tmp_path, reference_run, rng, f"kill{trial}")
 
 
-def test_kill_during_checkpoint_write_keeps_previous(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+def test_kill_during_checkpoint_write_keeps_previous(
+    drill: Drill, tmp_path: Path, reference_run: Path
+) -> None:
     run_dir = tmp_path / "run"
     done = drill.run(run_dir, "faults.kill_during_save_at_step=4")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -58,7 +60,9 @@ def test_kill_during_checkpoint_write_keeps_previous(drill: Drill, tmp_path: Pat
     assert_same_run(run_dir, reference_run)
 
 
-def test_corrupted_newest_checkpoint_is_detected_and_skipped(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+def test_corrupted_newest_checkpoint_is_detected_and_skipped(
+    drill: Drill, tmp_path: Path, reference_run: Path
+) -> None:
     run_dir = tmp_path / "run"
     done = drill.run(run_dir, "faults.corrupt_latest_checkpoint=true")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -94,10 +98,14 @@ def test_disk_full_during_save_keeps_previous_and_reports(drill: Drill, tmp_path
     assert summary(run_dir)["steps"] == 8  # training went on
 
 
-def test_sigstopped_worker_is_detected_as_hung_and_restarted(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+def test_sigstopped_worker_is_detected_as_hung_and_restarted(
+    drill: Drill, tmp_path: Path, reference_run: Path
+) -> None:
     run_dir = tmp_path / "run"
     proc = drill.start(run_dir, "supervisor.hang_timeout_s=4")
-    wait_for(lambda: (run_dir / "heartbeat.json").exists() and worker_pid(run_dir) is not None, 60, "a heartbeat")
+    wait_for(
+        lambda: (run_dir / "heartbeat.json").exists() and worker_pid(run_dir) is not None, 60, "a heartbeat"
+    )
     time.sleep(1.0)
     pid = worker_pid(run_dir)
     assert pid is not None and kill(pid, signal.SIGSTOP)
@@ -108,7 +116,9 @@ def test_sigstopped_worker_is_detected_as_hung_and_restarted(drill: Drill, tmp_p
     assert_same_run(run_dir, reference_run)
 
 
-def test_sigterm_to_supervisor_checkpoints_and_exits_cleanly(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
+def test_sigterm_to_supervisor_checkpoints_and_exits_cleanly(
+    drill: Drill, tmp_path: Path, reference_run: Path
+) -> None:
     run_dir = tmp_path / "run"
     proc = drill.start(run_dir)
     wait_for(lambda: _step(run_dir) >= 3, 120, "step 3")

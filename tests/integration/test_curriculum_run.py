@@ -155,5 +155,5 @@ def test_benchmark_quick_mode_writes_the_promised_json(tmp_path: Path) -> None:
     assert report["runs"]["fixed_hard"][0]["prompts_per_bucket"] == {
         "n2": 0.0,
         "n3": 0.0,
-        "n4": 6.0 * 8,  # 6 steps x 8 prompts
+        "n4": 6.0 * report["setup"]["rl"]["rollout"]["batch_size"] / 8,  # 6 steps, every prompt from n4
     }

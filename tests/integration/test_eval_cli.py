@@ -191,9 +191,9 @@ class ScriptedSampler:
             else:
                 right = seed % 100 < 40
             if right:
-                text = f"{solve(numbers, int(target))}</answer>"
+                text = f"<answer>{solve(numbers, int(target))}</answer>"
             else:
-                text = "1+1</answer>" if seed % 3 else "no idea"
+                text = "<answer>1+1</answer>" if seed % 3 else "no idea"
             completion = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
             out.append(Generation(completion, [0.0] * len(completion), "eos"))
         return out

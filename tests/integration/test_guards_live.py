@@ -41,7 +41,12 @@ def test_nan_gradient_is_skipped_and_training_continues(format_run, tmp_path: Pa
 
 def test_repeated_skips_escalate_to_rollback_and_resume_stays_exact(format_run, tmp_path: Path) -> None:
     # one skipped update (a NaN gradient at step 5) is already "too many" here: the run rolls back
-    settings = ["train.steps=10", "checkpoint.every_steps=2", "faults.nan_grad_at_step=5", "guards.max_skips_in_window=1"]
+    settings = [
+        "train.steps=10",
+        "checkpoint.every_steps=2",
+        "faults.nan_grad_at_step=5",
+        "guards.max_skips_in_window=1",
+    ]
     run = tmp_path / "run"
     train(_cfg(format_run, *settings), run)
     rollbacks = _events(run, "rollback")
@@ -64,8 +69,13 @@ def test_repeated_skips_escalate_to_rollback_and_resume_stays_exact(format_run, 
 def test_grad_spike_skips_the_update(format_run, tmp_path: Path) -> None:
     # a hair-trigger spike detector on a real run: updates above the recent median are skipped
     run = tmp_path / "run"
-    settings = ["train.steps=10", "guards.grad_spike.window=5", "guards.grad_spike.z=0.5", "guards.grad_spike.min_ratio=1.2",
-                "guards.max_skips_in_window=100"]
+    settings = [
+        "train.steps=10",
+        "guards.grad_spike.window=5",
+        "guards.grad_spike.z=0.5",
+        "guards.grad_spike.min_ratio=1.2",
+        "guards.max_skips_in_window=100",
+    ]
     train(_cfg(format_run, *settings), run)
     skips = _events(run, "skip")
     assert skips and all(e["rule"] == "grad_spike" and e["evidence"]["ratio"] >= 1.2 for e in skips)
@@ -76,7 +86,9 @@ def test_grad_spike_skips_the_update(format_run, tmp_path: Path) -> None:
 def test_stop_rule_stops_the_run(tmp_path: Path) -> None:
     # a random model never earns reward: no_signal goes critical; configured to stop, the run stops
     run = tmp_path / "run"
-    cfg = load_config("configs/smoke.toml", ["train.steps=12", 'guards.no_signal.action="stop"', "supervisor.enabled=false"])
+    cfg = load_config(
+        "configs/smoke.toml", ["train.steps=12", 'guards.no_signal.action="stop"', "supervisor.enabled=false"]
+    )
     with pytest.raises(GuardStop):
         train(cfg, run)
     stop = _events(run, "guard_stop")
@@ -88,8 +100,14 @@ def test_stop_rule_stops_the_run(tmp_path: Path) -> None:
 def test_kl_blowup_rolls_back(format_run, tmp_path: Path) -> None:
     run = tmp_path / "run"
     cfg = _cfg(
-        format_run, "train.steps=8", "algo.lr=0.05", "algo.ppo_epochs=4", "algo.minibatches=2",
-        "checkpoint.every_steps=1", "guards.max_rollbacks=1", "guards.ratio_outlier.enabled=false",
+        format_run,
+        "train.steps=8",
+        "algo.lr=0.05",
+        "algo.ppo_epochs=4",
+        "algo.minibatches=2",
+        "checkpoint.every_steps=1",
+        "guards.max_rollbacks=1",
+        "guards.ratio_outlier.enabled=false",
         "guards.grad_spike.enabled=false",
     )
     try:
@@ -115,7 +133,9 @@ class HackableMultiply(Multiply):
 
 
 def test_reward_hacking_is_flagged(format_run, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(trainer_module, "get_task", lambda name, seed=0, **p: HackableMultiply(seed=seed, **p))
+    monkeypatch.setattr(
+        trainer_module, "get_task", lambda name, seed=0, **p: HackableMultiply(seed=seed, **p)
+    )
     run = tmp_path / "run"
     train(_cfg(format_run, "train.steps=24", "algo.lr=3e-3", "eval.every_steps=4", "eval.problems=32"), run)
     hacking = [e for e in _events(run, "guard") if e["rule"] == "reward_hacking"]

@@ -17,10 +17,28 @@ from keelrl.config import load_config
 from keelrl.trainer import train
 
 METRIC_NAMES = [
-    "reward/mean", "reward/std", "accuracy", "format_rate", "response_length/mean", "response_length/max",
-    "response_length/truncated_frac", "entropy", "kl/old", "clipfrac/low", "clipfrac/high", "grad_norm", "lr",
-    "loss/policy", "loss/total", "groups/no_signal_frac", "repetition/frac", "time/gen_s", "time/score_s",
-    "time/train_s", "time/step_s", "throughput/tokens_per_s",
+    "reward/mean",
+    "reward/std",
+    "accuracy",
+    "format_rate",
+    "response_length/mean",
+    "response_length/max",
+    "response_length/truncated_frac",
+    "entropy",
+    "kl/old",
+    "clipfrac/low",
+    "clipfrac/high",
+    "grad_norm",
+    "lr",
+    "loss/policy",
+    "loss/total",
+    "groups/no_signal_frac",
+    "repetition/frac",
+    "time/gen_s",
+    "time/score_s",
+    "time/train_s",
+    "time/step_s",
+    "throughput/tokens_per_s",
 ]
 
 
@@ -44,15 +62,32 @@ def test_run_directory_contract(smoke_run: Path) -> None:
     with gzip.open(smoke_run / "rollouts.jsonl.gz", "rt") as f:
         rollouts = [json.loads(line) for line in f]
     assert {r["step"] for r in rollouts} == {1, 2, 3, 4}
-    assert {"problem", "text", "reward", "correct", "finish_reason", "policy_version", "sampling"} <= rollouts[0].keys()
+    assert {
+        "problem",
+        "text",
+        "reward",
+        "correct",
+        "finish_reason",
+        "policy_version",
+        "sampling",
+    } <= rollouts[0].keys()
     events = [json.loads(line) for line in (smoke_run / "events.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in events if e["kind"] == "checkpoint"] == [2, 4]
+    saves = [(e["step"], e["reason"]) for e in events if e["kind"] == "checkpoint"]
+    assert [st for st, _ in saves] == [0, 2, 4] and saves[0][
+        1
+    ] == "initial"  # the guards' first rollback target
     status = json.loads((smoke_run / "status.json").read_text())
-    assert status["state"] == "finished" and status["step"] == 4 and status["last_checkpoint"] == "step_00000004"
+    assert (
+        status["state"] == "finished" and status["step"] == 4 and status["last_checkpoint"] == "step_00000004"
+    )
     latest = smoke_run / "checkpoints" / "latest"
     assert latest.is_symlink() and verify(latest) is None
     summary = json.loads((smoke_run / "summary.json").read_text())
-    assert summary["steps"] == 4 and "accuracy" in summary["final_eval"] and "accuracy" in summary["initial_eval"]
+    assert (
+        summary["steps"] == 4
+        and "accuracy" in summary["final_eval"]
+        and "accuracy" in summary["initial_eval"]
+    )
     assert len(summary["weights_sha256"]) == 64
 
 
@@ -64,12 +99,25 @@ def test_final_export_loads_with_transformers(smoke_run: Path) -> None:
 
 def test_eval_accepts_checkpoint_path(smoke_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "eval.json"
-    code = main(["eval", str(smoke_run / "checkpoints" / "latest"), "--task", "countdown", "--problems", "8", "--out", str(out)])
+    code = main(
+        [
+            "eval",
+            str(smoke_run / "checkpoints" / "latest"),
+            "--task",
+            "countdown",
+            "--problems",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     result = json.loads(out.read_text())
     assert 0.0 <= result["accuracy"] <= 1.0 and result["problems"] == 8
 
 
 def test_python_dash_m_is_the_cli() -> None:
-    out = subprocess.run([sys.executable, "-m", "keelrl", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "keelrl", "--help"], capture_output=True, text=True, check=True
+    )
     assert "train" in out.stdout and "eval" in out.stdout

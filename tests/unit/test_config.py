@@ -16,7 +16,10 @@ def test_shipped_presets_load() -> None:
 
 
 def test_overrides_are_typed() -> None:
-    cfg = load_config("configs/smoke.toml", ["algo.lr=3e-4", "log.wandb=true", "model.path=some/dir", "task.params.max_number=9"])
+    cfg = load_config(
+        "configs/smoke.toml",
+        ["algo.lr=3e-4", "log.wandb=true", "model.path=some/dir", "task.params.max_number=9"],
+    )
     assert cfg.algo.lr == 3e-4 and cfg.log.wandb is True and cfg.model.path == "some/dir"
     assert cfg.task.params["max_number"] == 9
     assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
@@ -48,9 +51,14 @@ def test_wrong_type_and_out_of_range() -> None:
 
 
 def test_batch_arithmetic_is_spelled_out() -> None:
-    with pytest.raises(ConfigError, match=r"rollout.batch_size=250 is not divisible by rollout.group_size=8 \(250 / 8 = 31.25\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.batch_size=250 is not divisible by rollout.group_size=8 \(250 / 8 = 31.25\)",
+    ):
         load_config(None, ["rollout.batch_size=250", "rollout.group_size=8"])
-    with pytest.raises(ConfigError, match=r"64 sequences is not divisible by train.micro_batch_size=10 \(64 / 10 = 6.4\)"):
+    with pytest.raises(
+        ConfigError, match=r"64 sequences is not divisible by train.micro_batch_size=10 \(64 / 10 = 6.4\)"
+    ):
         load_config(None, ["rollout.batch_size=64", "train.micro_batch_size=10"])
     with pytest.raises(ConfigError, match=r"algo.minibatches=3"):
         load_config(None, ["rollout.batch_size=64", "algo.minibatches=3"])

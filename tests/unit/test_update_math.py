@@ -18,13 +18,27 @@ SETTINGS = SamplingSettings(max_new_tokens=12, temperature=1.0)
 
 
 def _rollouts(model, tokenizer, n: int = 8, seed: int = 0) -> list[Rollout]:
-    prompts = [tokenizer(f"{i} {i + 3} -> {2 * i}\n<answer>", add_special_tokens=False)["input_ids"] for i in range(n)]
+    prompts = [
+        tokenizer(f"{i} {i + 3} -> {2 * i}\n<answer>", add_special_tokens=False)["input_ids"]
+        for i in range(n)
+    ]
     gens = HFSampler(model, tokenizer).generate(prompts, SETTINGS, [seed * 1000 + i for i in range(n)])
     out = []
     for i, (p, g) in enumerate(zip(prompts, gens)):
         out.append(
-            Rollout(i, {}, i // 2, p, g.completion_ids, g.logprobs, [1] * len(g.completion_ids), g.finish_reason, 0, SETTINGS,
-                    advantage=float(i % 3) - 1.0)
+            Rollout(
+                i,
+                {},
+                i // 2,
+                p,
+                g.completion_ids,
+                g.logprobs,
+                [1] * len(g.completion_ids),
+                g.finish_reason,
+                0,
+                SETTINGS,
+                advantage=float(i % 3) - 1.0,
+            )
         )
     return out
 
@@ -65,16 +79,22 @@ def test_first_epoch_ratio_is_one_and_nothing_is_clipped(tiny_model, char_tokeni
 def _grads(model, batch, micro: int, agg: LossAgg) -> tuple[float, list[torch.Tensor]]:
     model.zero_grad(set_to_none=True)
     algo = AlgoConfig(loss_agg=agg, kl_coef=0.0, entropy_coef=0.01)
-    stats = minibatch_backward(model, batch, torch.arange(batch.input_ids.shape[0]), algo, micro, 1.0, 12, World())
+    stats = minibatch_backward(
+        model, batch, torch.arange(batch.input_ids.shape[0]), algo, micro, 1.0, 12, World()
+    )
     return stats["loss/total"], [p.grad.clone() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "constant"])
 def test_micro_batching_does_not_change_loss_or_gradient(tiny_model, char_tokenizer, agg: LossAgg) -> None:
     model = copy.deepcopy(tiny_model)
-    batch = collate(_rollouts(model, char_tokenizer, n=8, seed=1), char_tokenizer.pad_token_id, torch.device("cpu"))
+    batch = collate(
+        _rollouts(model, char_tokenizer, n=8, seed=1), char_tokenizer.pad_token_id, torch.device("cpu")
+    )
     # an off-policy batch, so clipping and the ratio matter
-    batch.old_logprobs = batch.sampler_logprobs + 0.3 * torch.randn_like(batch.sampler_logprobs) * batch.target_mask
+    batch.old_logprobs = (
+        batch.sampler_logprobs + 0.3 * torch.randn_like(batch.sampler_logprobs) * batch.target_mask
+    )
     batch.ref_logprobs = batch.sampler_logprobs
     loss_1, g1 = _grads(model, batch, 1, agg)
     loss_4, g4 = _grads(model, batch, 4, agg)

@@ -28,7 +28,17 @@ def test_malformed_config(tmp_path: Path, capsys) -> None:
 
 
 def test_missing_model_path(tmp_path: Path, capsys) -> None:
-    code, err = _run(["train", "configs/smoke.toml", "--set", f'model.path="{tmp_path}/nope"', "--run-dir", str(tmp_path / "r")], capsys)
+    code, err = _run(
+        [
+            "train",
+            "configs/smoke.toml",
+            "--set",
+            f'model.path="{tmp_path}/nope"',
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        capsys,
+    )
     assert code == 2 and "does not exist" in err and str(tmp_path / "nope") in err
     with pytest.raises(ModelLoadError, match=r"no config\.json"):
         load_policy(ModelConfig(path=str(tmp_path)))
@@ -39,7 +49,10 @@ def test_missing_model_path(tmp_path: Path, capsys) -> None:
 
 
 def test_unknown_task(tmp_path: Path, capsys) -> None:
-    code, err = _run(["train", "configs/smoke.toml", "--set", 'task.name="countdwn"', "--run-dir", str(tmp_path / "r")], capsys)
+    code, err = _run(
+        ["train", "configs/smoke.toml", "--set", 'task.name="countdwn"', "--run-dir", str(tmp_path / "r")],
+        capsys,
+    )
     assert code == 2 and "unknown task 'countdwn' (did you mean 'countdown'?)" in err
     with pytest.raises(TaskError, match=r"`max_numbr`.*unknown parameter"):
         get_task("countdown", max_numbr=3)
