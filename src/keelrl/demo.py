@@ -223,7 +223,7 @@ RL_STEPS_AT_12_MIN = 100
 def demo_rl_config(
     base_model: str, task_params: dict[str, Any], steps: int, eval_every: int, seed: int
 ) -> dict[str, Any]:
-    """The RL stage's config (also shipped as configs/countdown_tiny.toml with model.path = "tiny")."""
+    """The RL stage's config. configs/countdown_tiny.toml is the same run (tests/unit/test_configs.py)."""
     return {
         "model": {"path": base_model},
         "task": {"name": "countdown", "template": "compact", "params": task_params, "seed": 0},

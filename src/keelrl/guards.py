@@ -437,12 +437,21 @@ class RewardHackingThresholds(_Rule):
 
 
 class EvalRegressionThresholds(_Rule):
-    action: Action = Field("warn", description=ACTION_DOC)
+    # The action applies at critical severity (half the best accuracy gone); a smaller drop only warns.
+    action: Action = Field("rollback", description=ACTION_DOC)
     # Same noise argument as reward_hacking: 0.1 is ~2 standard errors of a 200-problem eval difference.
     min_drop: float = Field(
         0.1, gt=0.0, description="eval/accuracy must fall this much below the run's best eval."
     )
     min_evals: int = Field(2, ge=1, description="Consecutive evals below the best before firing.")
+    # Measured: the demo at algo.lr = 3e-3 fell from 0.35 to 0.0 after one update; at 1e-3 it wobbled from
+    # 0.73 to 0.49 (a third lost: a warning). Losing half is far outside eval noise at any accuracy >= 0.2.
+    critical_frac: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Critical when the recent evals all lost at least this fraction of the best eval accuracy.",
+    )
 
 
 class ThroughputDropThresholds(_Rule):
@@ -1092,13 +1101,17 @@ def eval_regression(history: Sequence[Record], t: EvalRegressionThresholds) -> F
         return None
     return _finding(
         "eval_regression",
-        "warning",
-        (best[1], latest[-1][1]),
+        "critical" if drop >= t.critical_frac * best[2] else "warning",
+        (
+            best[1] + 1,
+            latest[-1][1],
+        ),  # the trouble began after the best eval: its checkpoint is a good target
         {"eval_accuracy_best": best[2], "eval_accuracy": latest[-1][2], "drop": best[2] - latest[-1][2]},
         f"Held-out eval accuracy fell from its best {best[2]:.3g} (step {best[1]}) to {latest[-1][2]:.3g} "
         f"(step {latest[-1][1]}) and stayed below for {t.min_evals} evals.",
-        "Keep the best checkpoint (checkpoint.keep_best, best_metric = 'eval/accuracy'); lower algo.lr; see "
-        "reward_hacking and entropy_collapse for why.",
+        "A collapse right after the first updates means algo.lr is far too high (guards.rollback_lr_scale "
+        "lowers it at each rollback). Keep the best checkpoint (checkpoint.keep_best, best_metric = "
+        "'eval/accuracy'); see reward_hacking and entropy_collapse for why.",
         t.action,
     )
 

@@ -137,7 +137,10 @@ def test_reward_hacking_is_flagged(format_run, tmp_path: Path, monkeypatch) -> N
         trainer_module, "get_task", lambda name, seed=0, **p: HackableMultiply(seed=seed, **p)
     )
     run = tmp_path / "run"
-    train(_cfg(format_run, "train.steps=24", "algo.lr=3e-3", "eval.every_steps=4", "eval.problems=32"), run)
+    # eval_regression only warns here, so the whole hack plays out (by default it would roll back once the
+    # strict accuracy has halved; tests/learning/test_demo_failures.py covers that action)
+    settings = ["train.steps=24", "algo.lr=3e-3", "eval.every_steps=4", "eval.problems=32"]
+    train(_cfg(format_run, *settings, 'guards.eval_regression.action="warn"'), run)
     hacking = [e for e in _events(run, "guard") if e["rule"] == "reward_hacking"]
     assert hacking, [e["rule"] for e in _events(run, "guard")]
     m = _metrics(run)

@@ -315,6 +315,15 @@ def test_eval_regression_without_reward_rise() -> None:
     f = only(found, "eval_regression")
     assert f.severity == "warning" and f.evidence["drop"] > 0.1
     assert not [x for x in found if x.name == "reward_hacking"]  # the reward did not rise
+    # losing half of the best accuracy is critical (the rule's action, rollback, then applies)
+    h3 = set_from(healthy(100), 1, reward__mean=lambda s: 0.3 + 0.01 * (s % 3))
+    best = max(r["eval/accuracy"] for r in h3 if "eval/accuracy" in r)
+    for rec in h3:
+        if "eval/accuracy" in rec and rec["step"] > 70:
+            rec["eval/accuracy"] = 0.4 * best
+    f3 = only(check(h3), "eval_regression")
+    assert f3.severity == "critical" and f3.action == "rollback"
+    assert f.evidence["eval_accuracy"] > 0.5 * f.evidence["eval_accuracy_best"]  # the case above: a warning
     # one low eval is noise
     h2 = healthy(100)
     h2[-1]["eval/accuracy"] = 0.1

@@ -1,0 +1,29 @@
+"""The shipped configs load, and configs/countdown_tiny.toml is exactly the demo's RL stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from keelrl.config import config_from_dict, load_config
+from keelrl.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
+
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_validate(path: Path) -> None:
+    cfg = load_config(path)
+    assert cfg.train.steps > 0
+
+
+def test_countdown_tiny_is_the_demo_rl_stage() -> None:
+    shipped = load_config(Path(__file__).parents[2] / "configs" / "countdown_tiny.toml").model_dump()
+    plan = DemoPlan.for_minutes(12.0)
+    demo = demo_rl_config("runs/demo/base", DEMO_TASK_PARAMS, plan.rl_steps, plan.eval_every, seed=0)
+    demo["train"]["threads"] = 1  # the demo runs with one thread by default
+    expected = config_from_dict(demo).model_dump()
+    # The demo runs in-process; a `keelrl train` of the same config is supervised. Nothing else differs.
+    shipped.pop("supervisor"), expected.pop("supervisor")
+    assert shipped == expected
