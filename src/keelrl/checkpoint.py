@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
+from keelrl.distributed import is_sharded, load_into_sharded
 from keelrl.state import TrainState, capture_rng, restore_rng
 
 MANIFEST = "manifest.json"
@@ -104,12 +105,21 @@ def weights_sha256(model: torch.nn.Module) -> str:
 
 
 def snapshot(
-    train_state: TrainState, tokenizer: PreTrainedTokenizerBase, config: dict[str, Any], extra: dict[str, Any]
+    train_state: TrainState,
+    tokenizer: PreTrainedTokenizerBase,
+    config: dict[str, Any],
+    extra: dict[str, Any],
+    whole_policy: torch.nn.Module | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Snapshot:
-    policy = train_state.policy
+    """Copy everything a restart needs to CPU memory. A sharded run (FSDP2) passes the policy's whole-weights
+    copy and its gathered optimizer state (`distributed.gather_optimizer_state`)."""
+    policy = whole_policy if whole_policy is not None else train_state.policy
     weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in untied_state_dict(policy).items()}
+    if optimizer_state is None:
+        optimizer_state = train_state.optimizer.state_dict()
     trainer = {
-        "optimizer": _cpu_copy(train_state.optimizer.state_dict()),
+        "optimizer": _cpu_copy(optimizer_state),
         "scheduler": train_state.scheduler.state_dict(),
         "rng": capture_rng(),
     }
@@ -282,6 +292,10 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
     policy = train_state.policy
     device = next(policy.parameters()).device
     weights = load_file(str(path / WEIGHTS), device=str(device))
+    if is_sharded(policy):
+        trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+        load_into_sharded(policy, train_state.optimizer, weights, trainer["optimizer"])
+        return _restore_rest(path, train_state, trainer)
     missing, unexpected = policy.load_state_dict(weights, strict=False)
     tied = {k for k, v in policy.state_dict().items() if k not in weights}
     if unexpected or set(missing) - tied:
@@ -291,7 +305,15 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
     if hasattr(policy, "tie_weights"):
         policy.tie_weights()
     trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+    if trainer["optimizer"].get("format") == "full_fqn":
+        raise CheckpointError(
+            f"{path} was saved by a sharded (FSDP2) run; resume it with distributed.strategy='fsdp2'"
+        )
     train_state.optimizer.load_state_dict(trainer["optimizer"])
+    return _restore_rest(path, train_state, trainer)
+
+
+def _restore_rest(path: Path, train_state: TrainState, trainer: dict[str, Any]) -> dict[str, Any]:
     train_state.scheduler.load_state_dict(trainer["scheduler"])
     restore_rng(trainer["rng"])
     state = read_state(path)

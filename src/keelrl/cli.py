@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,29 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)  # a bad config stops here, before anything starts
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
+    from keelrl.distributed import under_torchrun
+
+    if under_torchrun():  # torchrun is the launcher: it restarts the group (--max-restarts), we just train
+        return cmd_worker(args)
     if cfg.supervisor.enabled and not args.no_supervisor:
         from keelrl.supervisor import supervise
 
+        # With --nproc-per-node N the supervised worker is a torchrun group: a rank that dies (or hangs past
+        # distributed.timeout_s) fails the group, and the supervisor restarts all of it from the checkpoint.
+        launcher = (
+            [
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={args.nproc_per_node}",
+                "--max-restarts=0",
+            ]
+            if args.nproc_per_node > 1
+            else []
+        )
         argv = [
             sys.executable,
+            *launcher,
             "-m",
             "keelrl",
             "worker",
@@ -44,6 +63,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         code = supervise(argv, run_dir, cfg.supervisor)
         _print_outcome(run_dir)
         return code
+    if args.nproc_per_node > 1:
+        raise ConfigError(
+            "--nproc-per-node needs the supervisor (it launches torchrun); drop --no-supervisor, or run "
+            "`torchrun --nproc-per-node N -m keelrl train CONFIG` yourself"
+        )
     return cmd_worker(args)
 
 
@@ -59,7 +83,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except GuardStop as err:
         print(f"keelrl: {err}", file=sys.stderr)
         return EXIT_GUARD_STOP
-    _print_outcome(run_dir)
+    if int(os.environ.get("RANK", 0)) == 0:
+        _print_outcome(run_dir)
     return 0
 
 
@@ -480,6 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--no-supervisor", action="store_true", help="train in this process (no automatic restarts)"
+    )
+    t.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        help="train with N processes on this machine (torchrun under keelrl's supervisor; see [distributed])",
     )
     t.set_defaults(func=cmd_train)
 

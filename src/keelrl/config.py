@@ -432,6 +432,42 @@ class CurriculumConfig(Section):
         return self
 
 
+class DistributedConfig(Section):
+    strategy: Literal["ddp", "fsdp2"] = Field(
+        "ddp",
+        description=(
+            "How the policy is trained when torchrun starts several processes (ignored at world size 1): ddp "
+            "keeps a full copy per process and all-reduces gradients (DistributedDataParallel); fsdp2 shards "
+            "parameters, gradients and optimizer state over the processes (fully_shard) for models that do not "
+            "fit one device. Both give the update of one process with the whole batch."
+        ),
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; auto is nccl on CUDA and gloo on CPU."
+    )
+    timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        description=(
+            "Collective timeout: a rank that waits this long for a dead or hung peer fails instead of hanging, "
+            "so the supervisor (or torchrun --max-restarts) restarts the whole group."
+        ),
+    )
+    scorer: Literal["local", "ray"] = Field(
+        "local",
+        description="Where rewards are computed: in the training process, or by a pool of Ray actors (extra [ray]).",
+    )
+    ray_address: str = Field(
+        "", description="Ray cluster to join (e.g. 'ray://head:10001' or 'auto'); empty starts a local Ray."
+    )
+    ray_workers: int = Field(2, ge=1, description="Scoring actors in the Ray pool.")
+    ray_max_retries: int = Field(
+        3,
+        ge=0,
+        description="Times a batch of problems is re-queued after its actor died before the step fails.",
+    )
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy and tokenizer.")
     task: TaskConfig = Field(
@@ -455,6 +491,10 @@ class Config(Section):
     )
     curriculum: CurriculumConfig = Field(
         default_factory=CurriculumConfig, description="Problem order, adaptive curriculum, dynamic sampling."
+    )
+    distributed: DistributedConfig = Field(
+        default_factory=DistributedConfig,
+        description="Several processes (torchrun) and remote scoring (Ray).",
     )
 
     @model_validator(mode="after")

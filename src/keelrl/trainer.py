@@ -23,6 +23,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +33,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from keelrl import checkpoint as ckpt
 from keelrl.algo.advantages import compute_advantages
-from keelrl.algo.logprobs import Autocast, autocast_context, completion_logprobs
+from keelrl.algo.logprobs import Autocast, LogprobModule, autocast_context
 from keelrl.algo.losses import kl_penalty, ppo_clip_loss, token_weights, truncated_is_weights
 from keelrl.config import (
     AlgoConfig,
@@ -51,7 +52,22 @@ from keelrl.curriculum import (
     refill_budget_prompts,
     task_metrics,
 )
-from keelrl.distributed import World, all_gather_list, all_reduce_sum, init_world
+from keelrl.distributed import (
+    World,
+    all_gather_list,
+    all_reduce_stats,
+    all_reduce_sum,
+    broadcast_object,
+    close_world,
+    full_state_dict,
+    gather_optimizer_state,
+    grad_sync,
+    init_world,
+    is_sharded,
+    loss_scale,
+    plain_copy,
+    wrap_for_training,
+)
 from keelrl.evaluate import run_eval, summarize
 from keelrl.faults import FaultInjector
 from keelrl.guards import Finding, Guardian, check_update
@@ -59,11 +75,12 @@ from keelrl.models import load_policy, model_summary, save_hf_dir
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, Sink, TensorBoardSink, WandbSink, tensorboard_available
 from keelrl.monitor.traces import is_repetitive
+from keelrl.ray_pool import ScorerPool, import_ray, task_factory
 from keelrl.rollout import HFSampler, Rollout, Sampler, SamplingSettings, render_prompt, resolve_template
 from keelrl.state import TrainState
 from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, install_heartbeat, pulse
 from keelrl.tasks import Task, Template, get_task
-from keelrl.tasks.base import Score, score_batch, stable_hash
+from keelrl.tasks.base import score_safely, stable_hash
 
 ResumeMode = Literal["auto", "never"]
 
@@ -122,6 +139,13 @@ class Run:
     guardian: Guardian = field(default_factory=lambda: Guardian(GuardsConfig(), {}))
     history: list[dict[str, Any]] = field(default_factory=list)  # metric records so far (what the rules read)
     escalate: bool = False  # too many skipped updates: roll back after this step
+    # what the update's forward runs through: LogprobModule(policy), wrapped by DDP or sharded by FSDP2
+    train_module: torch.nn.Module | None = None
+    # the whole-weights model the sampler and evals use: the policy itself, or a copy when it is sharded
+    sampler_model: PreTrainedModel | None = None
+    # train.share_prefix for the update's forwards; off when the policy is sharded (distributed.py says why)
+    update_share_prefix: bool = True
+    scorer: ScorerPool | None = None  # Ray actors scoring rewards (distributed.scorer = "ray")
 
     def report_status(self, **fields: Any) -> None:
         """Live status: the heartbeat always; status.json too unless a supervisor owns it."""
@@ -181,18 +205,23 @@ def unsafe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tuple[Run, TrainState]:
-    world = init_world(cfg.train.device)
+    world = init_world(cfg.train.device, cfg.distributed.backend, cfg.distributed.timeout_s)
     check_batch_arithmetic(cfg, world.world_size)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     config_dict = config_to_dict(cfg)
     task = get_task(cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
+    if cfg.distributed.scorer == "ray":
+        import_ray()  # a missing Ray fails before the model loads; the pool starts last, once setup cannot fail
     policy, tokenizer = load_policy(cfg.model)
     policy.to(world.device)
     policy.eval()  # dropout off: see module docstring
     template = resolve_template(cfg.task.template, tokenizer)
     run_dir = RunDir(run_path, writer=world.is_writer)  # created only once the inputs are known to be good
-    optimizer, scheduler = build_optimizer(cfg, policy)
+    sharded = world.world_size > 1 and cfg.distributed.strategy == "fsdp2"
+    sampler_model = plain_copy(policy) if sharded else policy  # sampling needs whole weights
+    train_module = wrap_for_training(policy, world, cfg.distributed.strategy)
+    optimizer, scheduler = build_optimizer(cfg, policy)  # after sharding: over the shards
     ref = None
     if cfg.algo.kl_coef > 0:
         ref, _ = load_policy(cfg.model)
@@ -209,7 +238,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         task=task,
         template=template,
         sampler=HFSampler(
-            policy,
+            sampler_model,
             tokenizer,
             chunk_size=r.chunk_size,
             share_prefix=cfg.train.share_prefix,
@@ -221,6 +250,8 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             cfg.eval.max_new_tokens or r.max_new_tokens, cfg.eval.temperature, 1.0, 0
         ),
     )
+    run.train_module, run.sampler_model = train_module, sampler_model
+    run.update_share_prefix = cfg.train.share_prefix and not sharded
     run.supervised = os.environ.get(ENV_SUPERVISED) == "1"
     run.heartbeat = Heartbeat(run_dir.path, enabled=world.is_writer)
     run.faults = FaultInjector(cfg.faults, run_dir if world.is_writer else None, cfg.train.seed)
@@ -232,13 +263,16 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         run.saver = ckpt.AsyncCheckpointer(lambda path, err, snap: run.save_results.put((path, err, snap)))
     restore_or_start(run, state, resume, config_dict)
     source.load_state_dict(state.curriculum)
-    run.sampler.sync_weights(policy, state.policy_version)
+    sync_sampler(run, state)
     run.ckpt_policy.observe_failures(*observed_failures(run_dir))
     run.guardian = Guardian(cfg.guards, state.guards)
-    run.history = run_dir.metrics() if world.is_writer else []
+    run.history = run_dir.metrics()  # every rank: the guards decide the same on all of them
     if world.is_writer:
         run_dir.write_config(config_dict)
         _open_sinks(run, state, config_dict)
+    if cfg.distributed.scorer == "ray":
+        d = cfg.distributed
+        run.scorer = ScorerPool(task_factory(task), d.ray_workers, d.ray_max_retries, d.ray_address)
     return run, state
 
 
@@ -349,29 +383,25 @@ def _prompt_ids(run: Run, index: int, problem: dict[str, Any]) -> tuple[list[int
 
 
 def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> dict[str, float]:
-    """Score every rollout with the task's checker (in parallel when the task can). A checker that raises
-    (user code can) scores that sample 0 with reason `score_error`, and the step records how many failed,
-    instead of killing the run."""
+    """Score every rollout with the task's checker (in parallel when the task can; on the Ray actor pool,
+    with the same results, when distributed.scorer = "ray"). A checker that raises (user code can) scores
+    that sample 0 with reason `score_error`, and the step records how many failed, instead of killing the
+    run."""
     texts = [r.info.pop("prefix", "") + r.text for r in rollouts]
     problems = [r.problem for r in rollouts]
-    scores: list[Score] | None = None
-    errors: list[str] = []
-    if not run.faults.wraps_scoring:
-        try:
-            scores = score_batch(run.task, problems, texts)
-        except Exception:
-            scores = None
-    if scores is None:
-        score = run.faults.wrap_score(run.task.score, state.step)
-        scores = []
-        for problem, text in zip(problems, texts):
-            try:
-                scores.append(score(problem, text))
-            except Exception as err:
-                errors.append(f"{type(err).__name__}: {err}"[:300])
-                scores.append(
-                    Score(0.0, False, {"formatted": False, "reason": "score_error", "error": errors[-1]})
-                )
+    out: dict[str, float] = {}
+    if run.scorer is not None and not run.faults.wraps_scoring:
+        # on the Ray pool (fault drills wrap the checker in this process, so with them on we score locally)
+        scored = run.scorer.score(problems, texts)
+        scores, errors = scored.scores, scored.errors
+        if scored.replaced:
+            run.event(
+                "scorer_worker_replaced", state.step, count=scored.replaced, total=run.scorer.replaced_total
+            )
+        out["scorer/replaced_workers"] = float(run.scorer.replaced_total)  # since this process started
+    else:
+        drill = run.faults.wrap_score(run.task.score, state.step) if run.faults.wraps_scoring else None
+        scores, errors = score_safely(run.task, problems, texts, drill)
     for r, s in zip(rollouts, scores):
         r.reward, r.correct, r.info = s.reward, s.correct, dict(s.info)
     if errors:
@@ -382,7 +412,7 @@ def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> dict[st
             first=errors[0],
             injected=any("injected fault" in e for e in errors),
         )
-    return {"reward/errors": float(len(errors))}
+    return {"reward/errors": float(len(errors)), **out}
 
 
 def curriculum_phase(
@@ -545,23 +575,55 @@ def micro_batches(
 
 
 @torch.no_grad()
+def as_logprob_module(model: torch.nn.Module) -> torch.nn.Module:
+    """A policy as the module the update calls (models pass through `LogprobModule`; wrapped ones as they are)."""
+    return LogprobModule(model) if isinstance(model, PreTrainedModel) else model
+
+
+def sync_sampler(run: Run, state: TrainState) -> None:
+    """Point the sampler at the current weights. A sharded policy is gathered (every rank takes part) into
+    the sampler's whole copy."""
+    if is_sharded(state.policy):
+        assert run.sampler_model is not None
+        run.sampler_model.load_state_dict(full_state_dict(state.policy, run.world))
+        run.sampler.sync_weights(run.sampler_model, state.policy_version)
+    else:
+        run.sampler.sync_weights(state.policy, state.policy_version)
+
+
+def whole_policy(run: Run, state: TrainState) -> PreTrainedModel:
+    """The policy with whole weights: itself, or the sampler's copy (kept in sync) when it is sharded."""
+    if is_sharded(state.policy):
+        assert run.sampler_model is not None
+        return run.sampler_model
+    return state.policy
+
+
+def on_writer(run: Run, decide: Callable[[], Any]) -> Any:
+    """`decide()` evaluated on rank 0 and broadcast: for decisions that read files or clocks and must be the
+    same on every rank (whether to save, what is committed)."""
+    return broadcast_object(decide() if run.world.is_writer else None, run.world)
+
+
 def forward_logprobs(
-    model: PreTrainedModel,
+    model: torch.nn.Module,
     batch: TrainBatch,
     micro_batch_size: int,
     temperature: float,
     share_prefix: bool = True,
     autocast: Autocast = "off",
 ) -> torch.Tensor:
-    """Log-probs [B, T] of every completion token of the batch under `model`, micro-batched, no gradient."""
+    """Log-probs [B, T] of every completion token of the batch under `model` (a policy, or the run's
+    train_module), micro-batched, no gradient."""
+    module = as_logprob_module(model)
     out = torch.zeros_like(batch.sampler_logprobs)
     B = batch.input_ids.shape[0]
     for start in range(0, B, micro_batch_size):
         idx = torch.arange(start, min(start + micro_batch_size, B), device=batch.input_ids.device)
         mb = batch.select(idx)
-        with autocast_context(mb.input_ids.device, autocast):
-            lp, _ = completion_logprobs(
-                model, mb.input_ids, mb.attention_mask, mb.target_mask, temperature, share_prefix=share_prefix
+        with torch.no_grad(), autocast_context(mb.input_ids.device, autocast):
+            lp, _ = module(
+                mb.input_ids, mb.attention_mask, mb.target_mask, temperature, share_prefix=share_prefix
             )
         out[idx, : lp.shape[1]] = lp
     return out
@@ -577,11 +639,12 @@ def prepare_batch(
     temp, mbs = run.settings.temperature, cfg.train.micro_batch_size
     # tokens the update runs the model over (prompt + completion, no padding), global
     metrics: dict[str, float] = {"tokens/trained": all_reduce_sum(float(batch.lengths.sum()), world)}
-    share, autocast = cfg.train.share_prefix, cfg.train.autocast
+    share, autocast = run.update_share_prefix, cfg.train.autocast
     if state.ref_policy is not None:
         batch.ref_logprobs = forward_logprobs(state.ref_policy, batch, mbs, temp, share, autocast)
     if a.old_logprobs == "recompute" or a.tis_cap > 0:
-        batch.old_logprobs = forward_logprobs(state.policy, batch, mbs, temp, share, autocast)
+        policy = run.train_module if run.train_module is not None else state.policy
+        batch.old_logprobs = forward_logprobs(policy, batch, mbs, temp, share, autocast)
         metrics.update(mismatch_metrics(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, world))
     else:
         batch.old_logprobs = batch.sampler_logprobs
@@ -626,7 +689,7 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: flo
         for m in range(a.minibatches):
             state.optimizer.zero_grad(set_to_none=True)
             stats = minibatch_backward(
-                policy,
+                run.train_module if run.train_module is not None else policy,
                 batch,
                 perm[m * mb_size : (m + 1) * mb_size],
                 a,
@@ -634,7 +697,7 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: flo
                 run.settings.temperature,
                 cfg.rollout.max_new_tokens,
                 world,
-                share_prefix=cfg.train.share_prefix,
+                share_prefix=run.update_share_prefix,
                 autocast=cfg.train.autocast,
             )
             ratio_max = max(ratio_max, stats.pop("ratio/max"))
@@ -672,7 +735,7 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: flo
             state.optimizer.step()
     state.scheduler.step()
     state.policy_version += 1
-    run.sampler.sync_weights(policy, state.policy_version)
+    sync_sampler(run, state)
     passes = a.ppo_epochs * a.minibatches
     out = {k: v / passes for k, v in sums.items()}
     out["ratio/max"] = ratio_max
@@ -683,7 +746,7 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: flo
 
 
 def minibatch_backward(
-    policy: PreTrainedModel,
+    policy: torch.nn.Module,
     batch: TrainBatch,
     idx: torch.Tensor,
     algo: AlgoConfig,
@@ -697,8 +760,11 @@ def minibatch_backward(
     """Accumulate into .grad the gradient of the mini-batch `idx`'s loss, one micro-batch at a time.
     Every micro-batch is weighted with the mini-batch's global token and sequence counts, so the summed
     gradient (and loss) is the same for any micro_batch_size and any number of ranks. Returns the
-    mini-batch's loss terms and statistics (token-weighted like the loss)."""
+    mini-batch's loss terms and statistics (token-weighted like the loss). `policy` is a model or the
+    run's train_module (DDP / FSDP2: gradients are summed over ranks on the last micro-batch)."""
     a = algo
+    module = as_logprob_module(policy)
+    scale = loss_scale(world)
     g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
     g_seqs = all_reduce_sum(float(len(idx)), world)
     sums: dict[str, float] = {"ratio/max": 0.0}
@@ -706,48 +772,64 @@ def minibatch_backward(
     def add(key: str, value: float) -> None:
         sums[key] = sums.get(key, 0.0) + value
 
-    for mb in micro_batches(batch, idx, micro_batch_size, group_prompts=share_prefix):
+    mbs = list(micro_batches(batch, idx, micro_batch_size, group_prompts=share_prefix))
+    for i, mb in enumerate(mbs):
         pulse()
-        with autocast_context(mb.input_ids.device, autocast):
-            lp, ent = completion_logprobs(
-                policy,
-                mb.input_ids,
-                mb.attention_mask,
-                mb.target_mask,
-                temperature,
-                with_entropy=True,
-                entropy_grad=a.entropy_coef > 0,
-                share_prefix=share_prefix,
-            )  # [b, T]
-        assert mb.old_logprobs is not None and ent is not None
-        w = token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens)  # [b, T]
-        adv = mb.advantages[:, None].expand_as(lp)  # [b, T]
-        pg, pstats = ppo_clip_loss(lp, mb.old_logprobs, adv, a.clip_low, a.clip_high, a.dual_clip)
-        if mb.is_weights is not None:
-            pg = pg * mb.is_weights
-        policy_loss = (pg * w).sum()
-        loss = policy_loss
-        if mb.ref_logprobs is not None:
-            kl_term = (kl_penalty(lp, mb.ref_logprobs, a.kl_estimator) * w).sum()
-            loss = loss + a.kl_coef * kl_term
-            add("kl/ref", float(kl_term.detach()))
-        ent_term = (ent * w).sum()
-        if a.entropy_coef > 0:
-            loss = loss - a.entropy_coef * ent_term
-        loss.backward()
-        with torch.no_grad():
-            add("loss/policy", float(policy_loss))
-            add("loss/total", float(loss))
-            add("entropy", float(ent_term))
-            add("clipfrac/low", float((pstats["clipped_low"] * w).sum()))
-            add("clipfrac/high", float((pstats["clipped_high"] * w).sum()))
-            log_r = (mb.old_logprobs - lp).clamp(-20, 20)
-            add("kl/old", float(((torch.exp(log_r) - 1 - log_r) * w).sum()))
-            if mb.target_mask.any():
-                sums["ratio/max"] = max(
-                    sums["ratio/max"], float(pstats["ratio"][mb.target_mask.bool()].max())
-                )
-    return sums
+        with grad_sync(module, i == len(mbs) - 1):  # ranks sum their gradients once, on the last one
+            with autocast_context(mb.input_ids.device, autocast):
+                lp, ent = module(
+                    mb.input_ids,
+                    mb.attention_mask,
+                    mb.target_mask,
+                    temperature,
+                    with_entropy=True,
+                    entropy_grad=a.entropy_coef > 0,
+                    share_prefix=share_prefix,
+                )  # [b, T]
+            assert ent is not None
+            w = token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens)  # [b, T]
+            loss, stats = microbatch_loss(lp, ent, w, mb, a)
+            (loss * scale).backward()
+        for key, value in stats.items():
+            if key == "ratio/max":
+                sums[key] = max(sums[key], value)
+            else:
+                add(key, value)
+    return all_reduce_stats(sums, world)
+
+
+def microbatch_loss(
+    lp: torch.Tensor, ent: torch.Tensor, w: torch.Tensor, mb: TrainBatch, a: AlgoConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The micro-batch's share of the mini-batch loss (token weights `w` [b, T] carry the global
+    normaliser) and its statistics, weighted the same way."""
+    assert mb.old_logprobs is not None
+    stats: dict[str, float] = {}
+    adv = mb.advantages[:, None].expand_as(lp)  # [b, T]
+    pg, pstats = ppo_clip_loss(lp, mb.old_logprobs, adv, a.clip_low, a.clip_high, a.dual_clip)
+    if mb.is_weights is not None:
+        pg = pg * mb.is_weights
+    policy_loss = (pg * w).sum()
+    loss = policy_loss
+    if mb.ref_logprobs is not None:
+        kl_term = (kl_penalty(lp, mb.ref_logprobs, a.kl_estimator) * w).sum()
+        loss = loss + a.kl_coef * kl_term
+        stats["kl/ref"] = float(kl_term.detach())
+    ent_term = (ent * w).sum()
+    if a.entropy_coef > 0:
+        loss = loss - a.entropy_coef * ent_term
+    with torch.no_grad():
+        stats["loss/policy"] = float(policy_loss)
+        stats["loss/total"] = float(loss)
+        stats["entropy"] = float(ent_term)
+        stats["clipfrac/low"] = float((pstats["clipped_low"] * w).sum())
+        stats["clipfrac/high"] = float((pstats["clipped_high"] * w).sum())
+        log_r = (mb.old_logprobs - lp).clamp(-20, 20)
+        stats["kl/old"] = float(((torch.exp(log_r) - 1 - log_r) * w).sum())
+        stats["ratio/max"] = (
+            float(pstats["ratio"][mb.target_mask.bool()].max()) if mb.target_mask.any() else 0.0
+        )
+    return loss, stats
 
 
 def grad_norm_and_clip(model: torch.nn.Module, clip: float) -> float:
@@ -758,6 +840,8 @@ def grad_norm_and_clip(model: torch.nn.Module, clip: float) -> float:
     norm = torch.nn.utils.clip_grad_norm_(
         params, clip if clip > 0 else float("inf"), error_if_nonfinite=False
     )
+    if hasattr(norm, "full_tensor"):  # sharded parameters (FSDP2): the norm is a DTensor
+        norm = norm.full_tensor()
     return float(norm)
 
 
@@ -793,10 +877,18 @@ def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
 
 
 def eval_phase(run: Run, state: TrainState) -> dict[str, float]:
-    """Held-out eval of the current policy (greedy by default), shared with `keelrl eval`. Rank 0 only."""
+    """Held-out eval of the current policy (greedy by default), shared with `keelrl eval`. Rank 0 evaluates;
+    every rank gets the numbers."""
+    metrics: dict[str, float] = {}
+    if run.world.is_writer:
+        metrics = _eval_metrics(run)
+    metrics = broadcast_object(metrics, run.world)  # all ranks: best checkpoint and guards decide alike
+    state.last_eval = {**metrics, "step": state.step}
+    return metrics
+
+
+def _eval_metrics(run: Run) -> dict[str, float]:
     cfg = run.cfg
-    if not run.world.is_writer:
-        return {}
     results = run_eval(
         sampler=run.sampler,
         tokenizer=run.tokenizer,
@@ -809,9 +901,7 @@ def eval_phase(run: Run, state: TrainState) -> dict[str, float]:
         batch_size=cfg.eval.batch_size,
     )
     summary = summarize(results)
-    metrics = {f"eval/{k}": v for k, v in summary.items() if k != "problems"}
-    state.last_eval = {**metrics, "step": state.step}
-    return metrics
+    return {f"eval/{k}": v for k, v in summary.items() if k != "problems"}
 
 
 def is_eval_step(cfg: Config, step: int) -> bool:
@@ -826,6 +916,9 @@ def save_checkpoint(
 ) -> None:
     """Snapshot `state` to CPU memory and commit it (rank 0 writes), in the background when
     checkpoint.async_save. Bookkeeping (events, pruning, status) happens in `collect_saves`."""
+    optimizer_state = None
+    if is_sharded(state.policy):  # every rank takes part in gathering the optimizer's shards
+        optimizer_state = gather_optimizer_state(state.policy, state.optimizer)
     if not run.world.is_writer:
         return
     cfg = run.cfg
@@ -834,7 +927,9 @@ def save_checkpoint(
     t0 = time.perf_counter()
     ckpt_metrics = {k: v for k, v in metrics.items() if k.startswith("eval/")}
     extra = {"metrics": ckpt_metrics, "reason": reason, "snapshot_time": time.time()}
-    snap = ckpt.snapshot(state, run.tokenizer, config_to_dict(cfg), extra)
+    snap = ckpt.snapshot(
+        state, run.tokenizer, config_to_dict(cfg), extra, whole_policy(run, state), optimizer_state
+    )
     stall = time.perf_counter() - t0
     if run.saver is not None:
         stall += run.saver.submit(snap, run.run_dir.checkpoints, run.guardian.healthy, write=True)
@@ -895,7 +990,8 @@ def update_best(run: Run, state: TrainState, metrics: dict[str, float]) -> bool:
 
 
 def log_step(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
-    record = {"step": state.step, "time": time.time(), **metrics}
+    # rank 0's record everywhere (times differ between ranks), so every rank's guards see the same history
+    record = broadcast_object({"step": state.step, "time": time.time(), **metrics}, run.world)
     run.history.append(record)
     run.run_dir.append_metrics(record)
     for sink in run.sinks:
@@ -1012,11 +1108,13 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
         run.saver.wait()
     collect_saves(run)
     target = None
-    for path in ckpt.committed(run.run_dir.checkpoints):
-        manifest_ok = ckpt.verify(path) is None and ckpt.read_manifest(path).get("healthy", True)
-        if manifest_ok and int(ckpt.read_manifest(path)["step"]) < trigger.steps[0]:
-            target = path
-            break
+    if run.world.is_writer:
+        for path in ckpt.committed(run.run_dir.checkpoints):
+            manifest_ok = ckpt.verify(path) is None and ckpt.read_manifest(path).get("healthy", True)
+            if manifest_ok and int(ckpt.read_manifest(path)["step"]) < trigger.steps[0]:
+                target = path
+                break
+    target = broadcast_object(target, run.world)  # every rank loads the checkpoint rank 0 chose
     if target is None:
         run.event(
             "guard_stop",
@@ -1043,12 +1141,13 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
         sched.base_lrs = [lr * cfg.rollback_lr_scale for lr in sched.base_lrs]
         for group, lr in zip(state.optimizer.param_groups, sched.get_last_lr()):
             group["lr"] = lr * cfg.rollback_lr_scale
-    for path in ckpt.committed(run.run_dir.checkpoints):
-        if int(path.name.removeprefix("step_")) > state.step:
-            path.rename(path.with_name(f"rolled_back-{path.name}-r{guards['rollbacks']}"))
+    if run.world.is_writer:
+        for path in ckpt.committed(run.run_dir.checkpoints):
+            if int(path.name.removeprefix("step_")) > state.step:
+                path.rename(path.with_name(f"rolled_back-{path.name}-r{guards['rollbacks']}"))
     run.run_dir.truncate_after(state.step)
     run.history = [r for r in run.history if int(r.get("step", -1)) <= state.step]
-    run.sampler.sync_weights(state.policy, state.policy_version)
+    sync_sampler(run, state)
     run.event(
         "rollback",
         from_step,
@@ -1094,7 +1193,11 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             initial = eval_phase(run, state)
             update_best(run, state, initial)
             log_step(run, state, initial)
-        if state.step == 0 and cfg.guards.enabled and not ckpt.committed(run.run_dir.checkpoints):
+        if (
+            state.step == 0
+            and cfg.guards.enabled
+            and not on_writer(run, lambda: ckpt.committed(run.run_dir.checkpoints))
+        ):
             # a rollback target in case trouble starts at once
             save_checkpoint(run, state, state.last_eval, "initial")
         while state.step < cfg.train.steps:
@@ -1110,11 +1213,14 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             if verdict == "rollback":
                 continue
             keep_best = new_best and cfg.checkpoint.keep_best > 0 and state.step < cfg.train.steps
-            if run.ckpt_policy.due(state.step) or keep_best or run.faults.save_forced(state.step):
+            if (
+                on_writer(run, lambda: run.ckpt_policy.due(state.step) or run.faults.save_forced(state.step))
+                or keep_best
+            ):
                 save_checkpoint(run, state, metrics, "best" if keep_best else "interval")
             collect_saves(run)
             run.faults.after_step(state.step)
-            if run.stop_requested:
+            if all_reduce_sum(float(run.stop_requested), world) > 0:  # any rank asked: all stop together
                 return preempt(run, state, metrics)
         summary = finish(run, state)
     except GuardStop:
@@ -1130,6 +1236,10 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             signal.signal(signal.SIGTERM, previous_handler)
         for sink in run.sinks:
             sink.close()
+        if run.scorer is not None:
+            run.scorer.shutdown()
+        run.train_module = None  # DDP holds the process group: release it before leaving the group
+        close_world()
     return summary
 
 
@@ -1156,15 +1266,16 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
     """Final checkpoint, HF export of the final policy, summary.json."""
     cfg = run.cfg
     final_eval = state.last_eval if state.last_eval.get("step") == state.step else {}
-    latest = ckpt.committed(run.run_dir.checkpoints)
-    if not latest or latest[0].name != ckpt.step_dir_name(state.step):
+    latest = on_writer(run, lambda: [p.name for p in ckpt.committed(run.run_dir.checkpoints)][:1])
+    if latest != [ckpt.step_dir_name(state.step)]:
         save_checkpoint(run, state, final_eval, "final", wait=True)
     if run.saver is not None:
         run.saver.wait()
     collect_saves(run)
     summary: dict[str, Any] = {}
     if run.world.is_writer:
-        save_hf_dir(state.policy, run.tokenizer, run.run_dir.final_dir)
+        policy = whole_policy(run, state)
+        save_hf_dir(policy, run.tokenizer, run.run_dir.final_dir)
         initial = next((m for m in run.run_dir.metrics() if m.get("step") == 0 and "eval/accuracy" in m), {})
         summary = {
             "state": "finished",
@@ -1176,10 +1287,10 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
                 "value": state.best_metric,
                 "step": state.best_step,
             },
-            "weights_sha256": ckpt.weights_sha256(state.policy),
+            "weights_sha256": ckpt.weights_sha256(policy),
             "final_dir": str(run.run_dir.final_dir),
             "wall_seconds": time.time() - run.started,
-            "model": model_summary(state.policy),
+            "model": model_summary(policy),
             "checkpoint_stalls": [
                 {"step": st, "stall_s": round(a, 4), "total_s": round(b, 4)} for st, a, b in run.save_stalls
             ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,12 @@ def test_unknown_task(tmp_path: Path, capsys) -> None:
         get_task("countdown", max_numbr=3)
     with pytest.raises(TaskError, match="min_numbers=5 > max_numbers=4"):
         get_task("countdown", min_numbers=5, max_numbers=4)
+
+
+def test_ray_scorer_without_ray(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if it were not installed
+    run = tmp_path / "r"
+    argv = ["train", "configs/smoke.toml", "--no-supervisor", "--set", 'distributed.scorer="ray"']
+    code, err = _run([*argv, "--run-dir", str(run)], capsys)
+    assert code == 2 and "pip install 'keelrl[ray]'" in err and 'distributed.scorer = "local"' in err
+    assert "Traceback" not in err and not run.exists()  # stopped before any work

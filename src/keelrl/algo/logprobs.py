@@ -184,3 +184,34 @@ def completion_logprobs(
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent[pos] = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature)
     return logp, ent
+
+
+class LogprobModule(torch.nn.Module):
+    """`completion_logprobs` of `model` as a module, so one forward call covers everything the training
+    forward runs (the shared-prefix path calls the decoder and the head separately). This is the module
+    DistributedDataParallel wraps and FSDP2 shards: their hooks see a single forward per micro-batch."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        target_mask: torch.Tensor,
+        temperature: float,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+        share_prefix: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return completion_logprobs(
+            self.model,
+            input_ids,
+            attention_mask,
+            target_mask,
+            temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            share_prefix=share_prefix,
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -93,6 +94,35 @@ def score_batch(task: Task, problems: list[dict[str, Any]], completions: list[st
     if many is not None:
         return list(many(problems, completions))
     return [task.score(p, c) for p, c in zip(problems, completions)]
+
+
+ScoreFn = Callable[[dict[str, Any], str], Score]
+
+
+def score_safely(
+    task: Task, problems: list[dict[str, Any]], completions: list[str], score: ScoreFn | None = None
+) -> tuple[list[Score], list[str]]:
+    """Score many completions without raising: the one path of the trainer and of the Ray scoring workers.
+
+    `score_batch` first; if that raises (a checker is user code), each completion alone, and one whose
+    checker raises scores 0 with reason `score_error`. `score` (the fault drills wrap the checker) replaces
+    `task.score` and skips the batch attempt. Returns the scores and the error messages, in input order."""
+    if score is None:
+        try:
+            return score_batch(task, problems, completions), []
+        except Exception:
+            score = task.score
+    scores: list[Score] = []
+    errors: list[str] = []
+    for problem, completion in zip(problems, completions):
+        try:
+            scores.append(score(problem, completion))
+        except Exception as err:
+            errors.append(f"{type(err).__name__}: {err}"[:300])
+            scores.append(
+                Score(0.0, False, {"formatted": False, "reason": "score_error", "error": errors[-1]})
+            )
+    return scores, errors
 
 
 class TaskParams(BaseModel):
