@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo_setup import demo_base, demo_config, machine, step_seconds
+from demo_setup import demo_base, demo_config, emit, machine, step_seconds
 from keelrl.trainer import train
 
 DEMO_INTERVAL = 20
@@ -136,10 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     result["target_met"] = all(
         a["overhead_at_interval"][str(DEMO_INTERVAL)] < 0.02 for a in result["arms"].values()
     )
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 

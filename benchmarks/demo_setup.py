@@ -62,3 +62,11 @@ def machine() -> dict[str, Any]:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def emit(result: dict[str, Any], out: str | None) -> None:
+    """Print the benchmark's JSON, and write it to `out` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")

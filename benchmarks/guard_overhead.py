@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo_setup import demo_base, demo_config, machine, step_seconds
+from demo_setup import demo_base, demo_config, emit, machine, step_seconds
 from keelrl.guards import Guardian, GuardsConfig, check_update
 from keelrl.trainer import train
 
@@ -120,10 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         "target": "guard time < 2% of step time",
     }
     result["target_met"] = all(v["overhead"] < 0.02 for v in result["replay"].values())
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit(result, args.out)
     return 0
 
 

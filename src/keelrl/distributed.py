@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -239,6 +240,20 @@ def all_reduce_stats(stats: dict[str, float], world: World) -> dict[str, float]:
     dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
     return {k: float(maxes[i] if k.endswith("/max") else sums[i]) for i, k in enumerate(keys)}
+
+
+def agree_on_norm(value: float, world: World) -> float:
+    """One value every rank agrees on for a per-rank gradient norm: NaN when any rank's is not finite,
+    else the largest. The per-step guards judge it, so all ranks skip (or apply) an update together, even
+    when only one rank's gradients went bad after the synchronisation."""
+    if world.world_size == 1:
+        return value
+    finite = math.isfinite(value)
+    t = torch.tensor(
+        [0.0 if finite else 1.0, value if finite else 0.0], dtype=torch.float64, device=world.device
+    )
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float("nan") if t[0] > 0 else float(t[1])
 
 
 def all_gather_list(values: list[Any], world: World) -> list[Any]:

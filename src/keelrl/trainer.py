@@ -54,6 +54,7 @@ from keelrl.curriculum import (
 )
 from keelrl.distributed import (
     World,
+    agree_on_norm,
     all_gather_list,
     all_reduce_stats,
     all_reduce_sum,
@@ -704,7 +705,7 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: flo
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
             run.faults.corrupt_gradients(state.step + 1, policy)
-            grad_norm = grad_norm_and_clip(policy, a.grad_clip)
+            grad_norm = agree_on_norm(grad_norm_and_clip(policy, a.grad_clip), world)
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
             finding = None
             if run.cfg.guards.enabled:
@@ -1043,9 +1044,8 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
 
 
 def guard_phase(run: Run, state: TrainState) -> str:
-    """Run the divergence rules on the history so far and act: returns "ok", "rollback" (done) or "stop"."""
-    if not run.world.is_writer:
-        return "ok"
+    """Run the divergence rules on the history so far and act: returns "ok", "rollback" (done) or "stop".
+    Every rank runs it on the same history (log_step broadcasts rank 0's records), so all decide alike."""
     action, changed, findings = run.guardian.after_step(run.history)
     for f in changed:
         run.event(

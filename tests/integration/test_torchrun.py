@@ -155,3 +155,18 @@ def test_killed_rank_restarts_the_group_and_resumes_exactly(
     summary = lambda r: json.loads((r / "summary.json").read_text())  # noqa: E731
     assert summary(run)["weights_sha256"] == summary(reference)["weights_sha256"]
     assert [m["step"] for m in _metrics(run)] == list(range(11))
+
+
+def test_guard_rollback_happens_on_every_rank(
+    format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    # a NaN gradient at step 3 with a one-skip budget: skip, then roll back to the step-2 checkpoint. Every
+    # rank must decide the same (rank 0's history is broadcast), or the group deadlocks or diverges.
+    extra = ["faults.nan_grad_at_step=3", "guards.max_skips_in_window=1"]
+    _run(_argv(tmp_path / "single", format_run, *extra))
+    _run(_argv(tmp_path / "multi", format_run, *extra, nproc=2))
+    for run in ("single", "multi"):
+        events = [json.loads(x) for x in (tmp_path / run / "events.jsonl").read_text().splitlines()]
+        rollbacks = [e for e in events if e["kind"] == "rollback"]
+        assert [(e["step"], e["to_step"], e["rule"]) for e in rollbacks] == [(3, 2, "too_many_skips")]
+    _assert_same_update(tmp_path / "single", tmp_path / "multi", initial)

@@ -108,3 +108,20 @@ def test_prompts_follow_tinyzero() -> None:
     assert base.assistant_prefix.endswith("<think>")
     assert task.prompt(p, "compact").user == "3 2 1 -> 6"  # largest first: one canonical order per set
     assert task.difficulty(p) == "n3"
+
+
+def test_answer_only_prompt_and_line_answers() -> None:
+    task = get_task("countdown", think=False)
+    p = {"numbers": [5, 3], "target": 8}
+    chat = task.prompt(p, "chat")
+    assert chat.assistant_prefix == "<answer>" and "<think>" not in chat.user
+    assert "(1 + 2) / 3" not in chat.user  # a concrete example gets copied by small models
+    # the prompt opened the tag: the answer may end at the end of its line, and is checked the same way
+    assert task.score(p, "<answer> 5 + 3 = 8\n\nThe answer is: 8").reward == 1.0
+    assert task.score(p, "<answer> 5 + 3").correct
+    wrong = task.score(p, "<answer> 5 * 3 = 8\nmore")
+    assert (wrong.reward, wrong.info["reason"]) == (0.1, "wrong_stated_value")
+    assert task.score(p, "<answer>\nthe answer is 8").reward == 0.0  # nothing on the answer's line
+    assert task.score(p, "<answer> 5 - 3 </answer> 5 + 3").reward == 0.1  # a closed tag still wins
+    # with thinking (TinyZero's setting, the default) the closing tag stays required
+    assert get_task("countdown").score(p, "<answer> 5 + 3").reward == 0.0

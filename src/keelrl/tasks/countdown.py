@@ -54,6 +54,12 @@ USER_TEXT = (
     "operations (+, -, *, /) and each number can only be used once. Show your work in <think> </think> tags. "
     "And return the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
 )
+USER_TEXT_ANSWER_ONLY = (
+    "Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic "
+    "operations (+, -, *, /) and each number exactly once. Write only the equation in <answer> </answer> tags, "
+    "like <answer> a + b </answer>."
+)  # a concrete worked example gets copied verbatim by small models (measured with SmolLM2-135M)
+ANSWER_PREFIX = "<answer>"
 
 
 class CountdownParams(TaskParams):
@@ -65,6 +71,15 @@ class CountdownParams(TaskParams):
     max_target: int = Field(999, ge=1, description="Largest target accepted.")
     test_fraction: float = Field(
         0.1, gt=0.0, lt=1.0, description="Share of number multisets reserved for the test split."
+    )
+    think: bool = Field(
+        True,
+        description=(
+            "base/chat templates: ask for reasoning in <think> tags before the answer (TinyZero). False asks "
+            "for the equation only and starts the assistant turn at '<answer>', for small models that cannot "
+            "yet reason in text; the answer may then also end at the end of its line instead of '</answer>' "
+            "(checked the same way, stated value included)."
+        ),
     )
 
     @model_validator(mode="after")
@@ -201,8 +216,13 @@ def check_expression(expression: str, numbers: list[int]) -> Fraction:
 _STATED_VALUE_RE = re.compile(r"^(.*?)=\s*(-?\d{1,12})\s*$", re.DOTALL)
 
 
-def score_countdown(numbers: list[int], target: int, completion: str) -> Score:
+def score_countdown(numbers: list[int], target: int, completion: str, line_answer: bool = False) -> Score:
+    """TinyZero's reward on `completion` (the assistant turn, including any prefix the prompt put there).
+    `line_answer`: an answer opened by the prompt's '<answer>' prefix may also end at the end of its line
+    (small models state the equation and stop without the closing tag); it is checked the same way."""
     answer = last_answer(completion)
+    if answer is None and line_answer and completion.startswith(ANSWER_PREFIX):
+        answer = completion[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
     if answer is None:
         return Score(0.0, False, {"formatted": False, "reason": "no_answer"})
     expression, stated = answer.strip(), None
@@ -278,11 +298,17 @@ class Countdown:
         numbers, target = problem["numbers"], problem["target"]
         if template == "compact":  # for tiny character models: the numbers largest first, no instructions
             return Prompt("", f"{' '.join(map(str, sorted(numbers, reverse=True)))} -> {target}", "")
-        user = USER_TEXT.format(numbers=list(numbers), target=target)
-        return Prompt(SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, user, THINK_PREFIX)
+        system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
+        if not self.params.think:
+            return Prompt(
+                system, USER_TEXT_ANSWER_ONLY.format(numbers=list(numbers), target=target), ANSWER_PREFIX
+            )
+        return Prompt(system, USER_TEXT.format(numbers=list(numbers), target=target), THINK_PREFIX)
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
-        return score_countdown(problem["numbers"], problem["target"], completion)
+        return score_countdown(
+            problem["numbers"], problem["target"], completion, line_answer=not self.params.think
+        )
 
     def difficulty(self, problem: dict[str, Any]) -> str:
         return f"n{len(problem['numbers'])}"
