@@ -49,7 +49,7 @@ def replay(
                 float(row.get("loss/total", 0.0)),
                 float(row.get("grad_norm", 0.0)),
                 float(row.get("ratio/max", 1.0)),
-                float(row.get("reward/std", 0.0)),
+                float(row.get("advantage/abs_mean", 0.0)),
                 cfg,
             )
         t1 = time.perf_counter()

@@ -1334,7 +1334,7 @@ def check_update(
     loss: float,
     grad_norm: float,
     ratio_max: float,
-    reward_std: float,
+    advantage_abs_mean: float,
     cfg: GuardsConfig,
 ) -> Finding | None:
     """Judge one update before it is applied. Returns the finding that says to skip it, or None."""
@@ -1348,13 +1348,16 @@ def check_update(
     if cfg.grad_spike.enabled and (f := grad_spike([*history, rec], cfg.grad_spike)) is not None:
         if f.severity == "critical":
             return f
-    if cfg.exact_zero.enabled and grad_norm == 0.0 and reward_std > 1e-9:  # not float noise of equal rewards
+    # Judged on the advantages, not on the batch's rewards: groups that are each all-right or all-wrong make
+    # rewards vary across the batch with every advantage 0, and a zero gradient is then correct (measured:
+    # judging reward/std skipped such SmolLM2 steps and escalated them to a pointless rollback).
+    if cfg.exact_zero.enabled and grad_norm == 0.0 and advantage_abs_mean > 1e-9:
         return _finding(
             "exact_zero",
             "critical",
             (step, step),
-            {"grad_norm": 0.0, "reward_std": reward_std},
-            "the gradient is exactly zero although rewards vary within the batch: the update computes nothing",
+            {"grad_norm": 0.0, "advantage_abs_mean": advantage_abs_mean},
+            "the gradient is exactly zero although advantages are not: the update computes nothing",
             "check that the policy is trainable (requires_grad) and that advantages reach the loss",
             "skip",
         )

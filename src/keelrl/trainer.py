@@ -668,7 +668,9 @@ def mismatch_metrics(
     }
 
 
-def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: float) -> dict[str, float]:
+def update_phase(
+    run: Run, state: TrainState, batch: TrainBatch, advantage_abs_mean: float
+) -> dict[str, float]:
     """PPO-style update: `ppo_epochs` passes, each split into `minibatches` optimizer steps, each
     accumulated over micro-batches with global-count loss weights. Each optimizer step is first judged
     by the per-step guards and skipped (gradient dropped) when one fires."""
@@ -715,7 +717,7 @@ def update_phase(run: Run, state: TrainState, batch: TrainBatch, reward_std: flo
                     stats.get("loss/total", 0.0),
                     grad_norm,
                     ratio_max,
-                    reward_std,
+                    advantage_abs_mean,
                     run.cfg.guards,
                 )
             if finding is not None and finding.action == "skip":
@@ -1018,7 +1020,7 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     metrics.update(advantage_phase(run, rollouts))
     batch, prep = prepare_batch(run, state, rollouts)
     metrics.update(prep)
-    metrics.update(update_phase(run, state, batch, metrics["reward/std"]))
+    metrics.update(update_phase(run, state, batch, metrics["advantage/abs_mean"]))
     t3 = time.perf_counter()
     state.step += 1
     state.curriculum = run.source.state_dict()

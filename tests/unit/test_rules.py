@@ -426,3 +426,14 @@ def test_finding_json_is_plain() -> None:
     h[-1]["grad_norm"] = "inf"
     d = only(check(h), "nonfinite").to_json()
     assert d["steps"] == [30, 30] and d["severity"] == "critical" and isinstance(d["evidence"], dict)
+
+
+def test_zero_gradient_is_skipped_only_when_advantages_are_not_zero() -> None:
+    from keelrl.guards import check_update
+
+    cfg = GuardsConfig()
+    # every group all-right or all-wrong: rewards vary across the batch, advantages are all 0, and so is the
+    # gradient -- a correct update, not a broken one
+    assert check_update([], 5, 0.0, 0.0, 1.0, 0.0, cfg) is None
+    f = check_update([], 5, 0.0, 0.0, 1.0, 0.4, cfg)
+    assert f is not None and (f.name, f.action) == ("exact_zero", "skip")
