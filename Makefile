@@ -48,8 +48,9 @@ test: install-dev
 test-slow: install-dev
 	$(BIN)/pytest -m slow
 
-bench: install-dev
+bench: install-dev  # the overhead benchmarks (JSON on stdout); the others are listed in docs/RESULTS.md
 	$(BIN)/python benchmarks/checkpoint_cost.py
+	$(BIN)/python benchmarks/guard_overhead.py
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks
