@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from keelrl.config import config_from_dict, load_config
-from keelrl.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
+from keelrl.demo import DEMO_TASK_PARAMS, SMOLLM2_TASK_PARAMS, DemoPlan, demo_rl_config, smollm2_rl_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.toml"))
 
@@ -25,5 +25,14 @@ def test_countdown_tiny_is_the_demo_rl_stage() -> None:
     demo["train"]["threads"] = 1  # the demo runs with one thread by default
     expected = config_from_dict(demo).model_dump()
     # The demo runs in-process; a `keelrl train` of the same config is supervised. Nothing else differs.
+    shipped.pop("supervisor"), expected.pop("supervisor")
+    assert shipped == expected
+
+
+def test_smollm2_config_is_the_demo_smollm2_rl_stage() -> None:
+    shipped = load_config(Path(__file__).parents[2] / "configs" / "smollm2.toml").model_dump()
+    demo = smollm2_rl_config(SMOLLM2_TASK_PARAMS, minutes=30, seed=0)
+    demo["train"]["threads"] = 1
+    expected = config_from_dict(demo).model_dump()
     shipped.pop("supervisor"), expected.pop("supervisor")
     assert shipped == expected
