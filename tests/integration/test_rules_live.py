@@ -9,11 +9,19 @@ actions are provoked by real trouble elsewhere (tests/integration/test_guards_li
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from keelrl import trainer as trainer_module
 from keelrl.config import load_config
+from keelrl.monitor.doctor import diagnose, load_run
+from keelrl.tasks.multiply import Multiply
 from keelrl.trainer import train
 
 HAIR_TRIGGERS: dict[str, list[str]] = {
@@ -49,8 +57,8 @@ EXTRA = {
     "ratio_outlier": ["algo.ppo_epochs=2"],
     "entropy_explosion": ["algo.entropy_coef=1.0"],  # an entropy bonus that overwhelms the reward
 }
-# throughput_drop and stalled judge wall-clock time, which a test cannot make deterministic on a shared
-# machine; they are tested on synthetic streams and status files (tests/unit/test_rules.py).
+# throughput_drop is provoked by a verifier that slows down (below); stalled is a doctor-only judgement of a
+# run that stopped writing, tested on status files (tests/unit/test_rules.py).
 
 
 @pytest.mark.parametrize("rule", sorted(HAIR_TRIGGERS))
@@ -102,3 +110,67 @@ def test_repetition_fires_on_a_looping_model(tmp_path: Path) -> None:
     events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     fired = [e for e in events if e.get("rule") == "repetition"]
     assert fired and fired[-1]["severity"] == "critical"
+
+
+class SlowingMultiply(Multiply):
+    """A verifier that becomes slow part-way through the run (as a stalled sandbox or an overloaded reward
+    service does): from its 7th batch on, every completion costs 40 ms more."""
+
+    calls = 0
+
+    def score_many(self, problems, completions):
+        SlowingMultiply.calls += 1
+        if SlowingMultiply.calls > 6:
+            time.sleep(0.04 * len(completions))
+        return [self.score(p, c) for p, c in zip(problems, completions)]
+
+
+def test_throughput_drop_fires_when_the_verifier_slows_down(
+    format_run: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    SlowingMultiply.calls = 0
+    monkeypatch.setattr(trainer_module, "get_task", lambda name, seed=0, **p: SlowingMultiply(seed=seed, **p))
+    sets = ["guards.throughput_drop.window=3", "guards.throughput_drop.reference=5"]
+    cfg = load_config(
+        "configs/smoke.toml", [*format_run, "train.steps=10", "eval.every_steps=0", "eval.problems=8", *sets]
+    )
+    train(cfg, tmp_path / "run")
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    fired = [e for e in events if e.get("rule") == "throughput_drop"]
+    assert fired and fired[0]["evidence"]["ratio"] < 0.5, sorted({e.get("rule", e["kind"]) for e in events})
+
+
+def test_stalled_fires_on_a_hung_real_run(tmp_path: Path) -> None:
+    # an unsupervised run whose process hangs (SIGSTOP): status says running, the process is alive, and no
+    # metrics arrive. The doctor (10 minutes later by its clock) calls it stalled.
+    run = tmp_path / "run"
+    argv = [
+        sys.executable,
+        "-m",
+        "keelrl",
+        "train",
+        "configs/smoke.toml",
+        "--no-supervisor",
+        "--run-dir",
+        str(run),
+    ]
+    argv += ["--set", "train.steps=500", "--set", "log.progress=false", "--set", "eval.every_steps=0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            lines = (
+                (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
+            )
+            if len(lines) >= 4:
+                break
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGSTOP)
+        last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["time"]
+        d = diagnose(load_run(run), now=last + 600)
+        stalled = [f for f in d.findings if f.name == "stalled"]
+        assert stalled and stalled[0].severity == "critical" and d.verdict == "critical"
+        assert not [f for f in diagnose(load_run(run), now=last + 1).findings if f.name == "stalled"]
+    finally:
+        proc.kill()
+        proc.wait()
