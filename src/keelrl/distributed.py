@@ -18,7 +18,6 @@ step, on the last micro-batch (`grad_sync`).
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 from collections.abc import Iterator
@@ -131,7 +130,7 @@ def loss_scale(world: World) -> float:
 def grad_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
     """Inside, backward synchronises gradients across ranks only when `enabled` (the last micro-batch of an
     optimizer step); earlier micro-batches accumulate locally."""
-    if enabled or not isinstance(module, torch.nn.Module):
+    if enabled:
         yield
         return
     if hasattr(module, "no_sync"):  # DistributedDataParallel
@@ -148,11 +147,9 @@ def grad_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
     yield
 
 
-def full_state_dict(policy: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:
-    """The policy's full (unsharded) weights on the CPU. A collective when sharded: every rank must call it;
-    every rank gets the full weights."""
-    if not is_sharded(policy):
-        return {k: v.detach().to("cpu") for k, v in policy.state_dict().items()}
+def full_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A sharded policy's full weights on the CPU. A collective: every rank must call it; every rank gets
+    the full weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True))
@@ -195,11 +192,6 @@ def load_into_sharded(
     set_model_state_dict(policy, weights, options=options)
     if optimizer_state["state"] is not None:  # None: saved before the first update, nothing to restore
         set_optimizer_state_dict(policy, optimizer, optimizer_state["state"], options=options)
-
-
-def plain_copy(policy: torch.nn.Module) -> torch.nn.Module:
-    """An unsharded copy of the policy for the sampler and evals (made before sharding)."""
-    return copy.deepcopy(policy)
 
 
 def barrier(world: World) -> None:

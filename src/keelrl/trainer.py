@@ -17,6 +17,7 @@ Where this departs from the usual GRPO trainer, and why:
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import queue
@@ -66,7 +67,6 @@ from keelrl.distributed import (
     init_world,
     is_sharded,
     loss_scale,
-    plain_copy,
     wrap_for_training,
 )
 from keelrl.evaluate import run_eval, summarize
@@ -220,7 +220,9 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     template = resolve_template(cfg.task.template, tokenizer)
     run_dir = RunDir(run_path, writer=world.is_writer)  # created only once the inputs are known to be good
     sharded = world.world_size > 1 and cfg.distributed.strategy == "fsdp2"
-    sampler_model = plain_copy(policy) if sharded else policy  # sampling needs whole weights
+    sampler_model = (
+        copy.deepcopy(policy) if sharded else policy
+    )  # sampling needs whole weights (made before sharding)
     train_module = wrap_for_training(policy, world, cfg.distributed.strategy)
     optimizer, scheduler = build_optimizer(cfg, policy)  # after sharding: over the shards
     ref = None
@@ -586,7 +588,7 @@ def sync_sampler(run: Run, state: TrainState) -> None:
     the sampler's whole copy."""
     if is_sharded(state.policy):
         assert run.sampler_model is not None
-        run.sampler_model.load_state_dict(full_state_dict(state.policy, run.world))
+        run.sampler_model.load_state_dict(full_state_dict(state.policy))
         run.sampler.sync_weights(run.sampler_model, state.policy_version)
     else:
         run.sampler.sync_weights(state.policy, state.policy_version)
