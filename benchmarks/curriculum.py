@@ -130,6 +130,20 @@ def pretrain_base(out: Path, steps: int, batch_size: int, lr: float, seed: int) 
     return info
 
 
+def cached_base_matches(base: Path, steps: int) -> bool:
+    """Whether `base` holds a base pretrained by this script with today's task, model and step count (a
+    cache from an older version of the benchmark, e.g. another number range, is pretrained again)."""
+    try:
+        info = json.loads((base / "pretrain.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    return (
+        info.get("task_params") == TASK_PARAMS
+        and info.get("model") == BASE_MODEL.model_dump()
+        and info.get("steps") == steps
+    )
+
+
 def evaluate_buckets(model_dir: Path, problems: dict[str, int], max_new_tokens: int) -> dict[str, float]:
     """Greedy accuracy on the first `problems[b]` held-out problems of each bucket b."""
     policy, tokenizer = load_policy(ModelConfig(path=str(model_dir)))
@@ -351,8 +365,9 @@ def main() -> None:
             base_info.update(json.loads((base / "pretrain.json").read_text()))
     else:
         base = a.work / ("base_quick" if a.quick else "base")
-        if not (base / "config.json").exists():
+        if not cached_base_matches(base, a.pretrain_steps):
             print(f"pretraining a base model into {base} ({a.pretrain_steps} steps)", file=sys.stderr)
+            shutil.rmtree(base, ignore_errors=True)
             pretrain_base(base, a.pretrain_steps, 64, 3e-3, 0)
         base_info = (
             json.loads((base / "pretrain.json").read_text()) if (base / "pretrain.json").exists() else {}
