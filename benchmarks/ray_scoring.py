@@ -1,15 +1,21 @@
-"""Reward scoring in the training process vs on the Ray actor pool. Prints JSON (and writes it with --out).
+"""Reward scoring and generation in the training process vs on the Ray actor pools. Prints JSON (and writes
+it with --out).
 
     python benchmarks/ray_scoring.py [--heavy-batch 128] [--heavy-batches 3] [--cheap-batch 256]
-                                     [--cheap-batches 30] [--out docs/ray_scoring.json]
+                                     [--cheap-batches 30] [--gen-batch 64] [--gen-batches 3]
+                                     [--out docs/ray_scoring.json]
 
-Two measurements:
+Three measurements:
 - `heavy`: throughput (completions/s) for a deliberately CPU-heavy reward, a Countdown checker that first
   burns ~20 ms of pure-Python CPU per completion (the cost of, say, running a test suite), scored in process,
   by 1 and by 2 Ray workers. This is the case the pool is for: the speed-up is bounded by the free cores.
 - `cheap`: what the Ray path adds for a cheap reward (Countdown, microseconds per completion): the median
   wall time of one batch in process and on the pool; the difference, per batch and per completion, is the
   overhead (task submission, serialisation, the wait for results).
+- `sampling`: generation throughput (completions and tokens per second) of the smoke preset's tiny model
+  (groups of 4 prompts, one torch thread per process) in process and on 1 and 2 sampling actors
+  (`SamplerPool`, chunk_size 0: one batch per actor); the weights sync (once per version) is timed apart.
+  Pool tokens are checked against in-process generation.
 Every pool result is checked against in-process scoring. Ray is started once (local, 2 CPUs); the pool
 start-up time (actors building their task) is reported separately.
 """
@@ -26,8 +32,12 @@ import time
 from typing import Any
 
 import ray
+import torch
 
-from keelrl.ray_pool import CHUNKS_PER_WORKER, IN_FLIGHT_PER_WORKER, ScorerPool, task_factory
+from keelrl.config import ModelConfig, TinyModelConfig
+from keelrl.models import load_policy
+from keelrl.ray_pool import CHUNKS_PER_WORKER, IN_FLIGHT_PER_WORKER, SamplerPool, ScorerPool, task_factory
+from keelrl.rollout import HFSampler, SamplingSettings
 from keelrl.tasks import get_task
 from keelrl.tasks.base import Score, score_safely
 
@@ -84,6 +94,47 @@ def timed_batches(
     return times
 
 
+def sampling(batch: int, batches: int, max_new_tokens: int) -> dict[str, Any]:
+    """Generation throughput in process and on 1 and 2 sampling actors (see the module docstring)."""
+    torch.set_num_threads(1)  # as each actor
+    model = ModelConfig(path="tiny", tiny=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4))
+    policy, tok = load_policy(model)
+    prompts = [
+        tok(f"{i * 37 % 100}*{i * 11 % 10}\n<answer>")["input_ids"]
+        for i in range(batch // 4)
+        for _ in range(4)
+    ]
+    seeds = list(range(len(prompts)))
+    settings = SamplingSettings(max_new_tokens)
+    expected = [g.completion_ids for g in HFSampler(policy, tok).generate(prompts, settings, seeds)]
+    tokens = sum(len(ids) for ids in expected) * batches
+    out: dict[str, Any] = {"batch": len(prompts), "batches": batches, "max_new_tokens": max_new_tokens}
+
+    def measured(generate: Any) -> dict[str, float]:
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            assert [g.completion_ids for g in generate(prompts, settings, seeds)] == expected
+        secs = time.perf_counter() - t0
+        return {
+            "completions_per_s": round(len(prompts) * batches / secs, 1),
+            "tokens_per_s": round(tokens / secs),
+        }
+
+    out["in_process"] = measured(HFSampler(policy, tok).generate)
+    for workers in (1, 2):
+        t0 = time.perf_counter()
+        pool = SamplerPool(model, workers)
+        t1 = time.perf_counter()
+        pool.sync_weights(policy, 0)
+        t2 = time.perf_counter()
+        result = measured(pool.generate)
+        pool.shutdown()
+        result["speedup_vs_in_process"] = round(result["tokens_per_s"] / out["in_process"]["tokens_per_s"], 2)
+        result["startup_s"], result["weights_sync_s"] = round(t1 - t0, 2), round(t2 - t1, 3)
+        out[f"ray_{workers}_worker{'s' if workers > 1 else ''}"] = result
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--heavy-ms", type=float, default=20.0, help="CPU per completion of the heavy reward")
@@ -91,6 +142,9 @@ def main() -> None:
     ap.add_argument("--heavy-batches", type=int, default=3)
     ap.add_argument("--cheap-batch", type=int, default=256)
     ap.add_argument("--cheap-batches", type=int, default=30)
+    ap.add_argument("--gen-batch", type=int, default=64, help="completions per generation batch")
+    ap.add_argument("--gen-batches", type=int, default=3)
+    ap.add_argument("--gen-tokens", type=int, default=32, help="max new tokens per completion")
     ap.add_argument("--note", action="append", default=[], help="a line for the JSON's notes (repeatable)")
     ap.add_argument("--out", default=None, help="also write the JSON here (e.g. docs/ray_scoring.json)")
     a = ap.parse_args()
@@ -150,17 +204,20 @@ def main() -> None:
             "overhead_ms_per_batch": round(1000 * (ray_s - local_s), 3),
             "overhead_us_per_completion": round(1e6 * (ray_s - local_s) / a.cheap_batch, 2),
         }
+    gen = sampling(a.gen_batch, a.gen_batches, a.gen_tokens)
     ray.shutdown()
 
     result = {
         "benchmark": "ray_scoring",
         "command": (
             f"python benchmarks/ray_scoring.py --heavy-ms {a.heavy_ms:g} --heavy-batch {a.heavy_batch} "
-            f"--heavy-batches {a.heavy_batches} --cheap-batch {a.cheap_batch} --cheap-batches {a.cheap_batches}"
+            f"--heavy-batches {a.heavy_batches} --cheap-batch {a.cheap_batch} --cheap-batches {a.cheap_batches} "
+            f"--gen-batch {a.gen_batch} --gen-batches {a.gen_batches} --gen-tokens {a.gen_tokens}"
             + (f" --out {a.out}" if a.out else "")
         ),
         "heavy": {"batch": a.heavy_batch, "batches": a.heavy_batches, **heavy},
         "cheap": cheap,
+        "sampling": gen,
         "pool_startup_s": startup,
         "pool": {"chunks_per_worker": CHUNKS_PER_WORKER, "in_flight_per_worker": IN_FLIGHT_PER_WORKER},
         "machine": {

@@ -4,9 +4,12 @@ A checkpoint is a directory `checkpoints/step_XXXXXXXX/` that is also a standard
 (`model.safetensors`, `config.json`, tokenizer files), so `from_pretrained` and `keelrl eval` read it as
 is. Beside the model it holds `trainer_state.pt` (optimizer, scheduler, RNG states), `state.json`
 (counters, curriculum/guard state, the resolved config, health) and `manifest.json` (sha256 and size of
-every file).
+every file). A sharded (FSDP2) run resumes from `sharded/` instead: weights and optimizer state written
+by every rank with torch.distributed.checkpoint (`distributed.save_sharded`), nothing gathered; its
+`model.safetensors` is the sampler's whole-weights copy, kept for `from_pretrained` and evaluation.
 
-Commit protocol: everything is written under `checkpoints/.tmp-step_XXXXXXXX-PID/`, each file fsynced,
+Commit protocol: everything is written under `checkpoints/.tmp-step_XXXXXXXX-PID-.../` (the ranks of a
+sharded run first write `sharded/` into a directory from `stage_dir`), each file fsynced,
 the manifest written last, the directory renamed to its final name (atomic on POSIX), the parent fsynced,
 and only then is `latest` (a symlink) swapped to it and are old checkpoints deleted. A crash at any point
 leaves the previous checkpoint intact; a half-written directory never has a final name. On load, a
@@ -35,13 +38,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
-from keelrl.distributed import is_sharded, load_into_sharded
+from keelrl.distributed import is_sharded, load_sharded
 from keelrl.state import TrainState, capture_rng, restore_rng
 
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
 TRAINER_STATE = "trainer_state.pt"
 STATE_JSON = "state.json"
+SHARDED = "sharded"
 LATEST = "latest"
 
 
@@ -113,7 +117,8 @@ def snapshot(
     optimizer_state: dict[str, Any] | None = None,
 ) -> Snapshot:
     """Copy everything a restart needs to CPU memory. A sharded run (FSDP2) passes the policy's whole-weights
-    copy and its gathered optimizer state (`distributed.gather_optimizer_state`)."""
+    copy and, as `optimizer_state`, the record `{"format": "sharded", "with_state": ...}` of what
+    `distributed.save_sharded` wrote."""
     policy = whole_policy if whole_policy is not None else train_state.policy
     weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in untied_state_dict(policy).items()}
     if optimizer_state is None:
@@ -164,18 +169,35 @@ def sha256_file(path: Path) -> str:
 WRITE_HOOK: Callable[[str], None] | None = None
 
 
-def write_snapshot(snap: Snapshot, checkpoints_dir: Path, healthy: bool = True) -> Path:
-    """Write `snap` as a committed checkpoint and point `latest` at it. Raises CheckpointError (with the
-    temporary directory removed) when the disk refuses; the previous checkpoints are untouched."""
+def stage_dir(checkpoints_dir: Path, step: int) -> Path:
+    """A new, empty temporary directory for checkpoint `step`, for files written before `write_snapshot`
+    (the shards every rank of a sharded run writes); pass it to `write_snapshot` as `staged`."""
+    checkpoints_dir.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoints_dir / f".tmp-{step_dir_name(step)}-{os.getpid()}-staged"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def write_snapshot(
+    snap: Snapshot, checkpoints_dir: Path, healthy: bool = True, staged: Path | None = None
+) -> Path:
+    """Write `snap` as a committed checkpoint and point `latest` at it; files already in `staged` (from
+    `stage_dir`) become part of it. Raises CheckpointError (with the temporary directory removed) when the
+    disk refuses; the previous checkpoints are untouched."""
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     name = step_dir_name(snap.step)
     final = checkpoints_dir / name
-    tmp = checkpoints_dir / f".tmp-{name}-{os.getpid()}-{threading.get_ident()}"
-    if tmp.exists():
+    tmp = staged or checkpoints_dir / f".tmp-{name}-{os.getpid()}-{threading.get_ident()}"
+    if staged is None and tmp.exists():
         shutil.rmtree(tmp)
     try:
-        tmp.mkdir()
+        tmp.mkdir(exist_ok=staged is not None)
         files: list[str] = []
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            _fsync_file(f)
+            files.append(str(f.relative_to(tmp)))
 
         def done(fname: str) -> None:
             _fsync_file(tmp / fname)
@@ -290,12 +312,22 @@ def find_resumable(
 def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler, RNG and counters from checkpoint `path`. Returns state.json."""
     policy = train_state.policy
+    trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+    saved_sharded = trainer["optimizer"].get("format") == "sharded"
+    if is_sharded(policy):
+        if not saved_sharded:
+            raise CheckpointError(
+                f"{path} was saved by an unsharded run; resume it with distributed.strategy='ddp' (or one process)"
+            )
+        load_sharded(policy, train_state.optimizer, str(path / SHARDED), trainer["optimizer"]["with_state"])
+        return _restore_rest(path, train_state, trainer)
+    if saved_sharded:
+        raise CheckpointError(
+            f"{path} was saved by a sharded (FSDP2) run; resume it with distributed.strategy='fsdp2' under "
+            "torchrun"
+        )
     device = next(policy.parameters()).device
     weights = load_file(str(path / WEIGHTS), device=str(device))
-    if is_sharded(policy):
-        trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
-        load_into_sharded(policy, train_state.optimizer, weights, trainer["optimizer"])
-        return _restore_rest(path, train_state, trainer)
     missing, unexpected = policy.load_state_dict(weights, strict=False)
     tied = {k for k, v in policy.state_dict().items() if k not in weights}
     if unexpected or set(missing) - tied:
@@ -304,11 +336,6 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
         )
     if hasattr(policy, "tie_weights"):
         policy.tie_weights()
-    trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
-    if trainer["optimizer"].get("format") == "full_fqn":
-        raise CheckpointError(
-            f"{path} was saved by a sharded (FSDP2) run; resume it with distributed.strategy='fsdp2'"
-        )
     train_state.optimizer.load_state_dict(trainer["optimizer"])
     return _restore_rest(path, train_state, trainer)
 
@@ -380,15 +407,18 @@ class AsyncCheckpointer:
         self.on_done = on_done
         self._thread: threading.Thread | None = None
 
-    def submit(self, snap: Snapshot, checkpoints_dir: Path, healthy: bool, write: bool) -> float:
-        """Start writing; returns the seconds spent waiting for a previous write."""
+    def submit(
+        self, snap: Snapshot, checkpoints_dir: Path, healthy: bool, staged: Path | None = None
+    ) -> float:
+        """Start writing (arguments as for `write_snapshot`); returns the seconds spent waiting for a previous
+        write."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
 
         def run() -> None:
             try:
-                path = write_snapshot(snap, checkpoints_dir, healthy) if write else None
+                path = write_snapshot(snap, checkpoints_dir, healthy, staged)
             except CheckpointError as err:
                 self.on_done(None, err, snap)
                 return

@@ -461,10 +461,19 @@ class DistributedConfig(Section):
         "", description="Ray cluster to join (e.g. 'ray://head:10001' or 'auto'); empty starts a local Ray."
     )
     ray_workers: int = Field(2, ge=1, description="Scoring actors in the Ray pool.")
+    sampler: Literal["local", "ray"] = Field(
+        "local",
+        description=(
+            "Where completions are generated: in the training process, or by a pool of Ray actors (extra [ray]) "
+            "that each load the policy on CPU and receive its weights after every update (with training on an "
+            "accelerator their log-probs differ slightly from the trainer's: see algo.old_logprobs)."
+        ),
+    )
+    ray_sampler_workers: int = Field(2, ge=1, description="Sampling actors in the Ray pool (1 CPU each).")
     ray_max_retries: int = Field(
         3,
         ge=0,
-        description="Times a batch of problems is re-queued after its actor died before the step fails.",
+        description="Times a batch of problems (or prompts) is re-queued after its actor died before the step fails.",
     )
 
 

@@ -75,9 +75,47 @@ def init_world(device_pref: str = "auto", backend: str = "auto", timeout_s: floa
         if backend == "nccl" and not use_cuda:
             raise RuntimeError("distributed.backend='nccl' needs CUDA devices; use 'gloo' (or 'auto') on CPU")
         dist.init_process_group(
-            backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+            store=_attempt_store(rank, world_size, timeout_s),
         )
     return World(rank, world_size, local_rank, device)
+
+
+# torchrun's switch for a fresh rendezvous store per restart attempt (see `_attempt_store`)
+FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def _attempt_store(rank: int, world_size: int, timeout_s: float) -> dist.Store | None:
+    """The store a restarted torchrun group joins its process group through; None for torch's default.
+
+    torchrun (torch 2.13) keeps one rendezvous store for all restart attempts and hands it to the workers
+    (TORCHELASTIC_USE_AGENT_STORE). A restarted rank then finds the previous attempt's addresses of its peers
+    there and connects to dead processes (measured with gloo: "connectFullMesh ... Connection refused", the
+    whole restart lost). On one node every worker has the same attempt number (TORCHELASTIC_RESTART_COUNT,
+    one agent), so the group's keys go under a prefix of their own. Over several nodes the agents count
+    restarts separately (one that only saw a peer node leave does not count it), so there the fix is
+    torchrun's own switch, FRESH_STORE_ENV=1 in every node's environment: a new store per attempt. A
+    multi-node restart without it stops with that advice instead of hanging."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+        raise RuntimeError(
+            f"torchrun restarted this {os.environ['GROUP_WORLD_SIZE']}-node group (attempt {attempt}) but shares "
+            "its rendezvous store between attempts, where the restarted processes would find their peers' old "
+            f"addresses. Set {FRESH_STORE_ENV}=1 in the environment of torchrun on every node."
+        )
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,  # the agent hosts it
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return dist.PrefixStore(f"keelrl/attempt_{attempt}", store)
 
 
 def close_world() -> None:
@@ -156,42 +194,47 @@ def full_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu") for k, v in sd.items()}
 
 
-def gather_optimizer_state(policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer state of a sharded policy as one full, CPU, parameter-name-keyed dict (a collective:
-    every rank calls it; rank 0 writes it). Saved like this, a checkpoint does not depend on the world size."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+def save_sharded(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> bool:
+    """Write a sharded policy's weights and optimizer state with torch.distributed.checkpoint: a collective
+    (every rank writes its own shards into `directory`, which must be on a file system every rank sees; rank
+    0 adds the metadata). Nothing is gathered. Keys are parameter names, so the files do not depend on the
+    world size. Returns whether optimizer state was written: before the first update there is none, and
+    asking torch for it anyway initialises it with a zero-gradient step, which moves Adam's step count and
+    changes every later update (measured: a first update 0.74x the size of the single-process one)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    if not optimizer.state:
-        # Before the first update (the step-0 checkpoint) there is no state. Asking torch for it anyway
-        # initialises it with a zero-gradient step, which moves Adam's step count and changes every later
-        # update (measured: a first update 0.74x the size of the single-process one).
-        return {"format": "full_fqn", "state": None}
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return {"format": "full_fqn", "state": get_optimizer_state_dict(policy, optimizer, options=options)}
+    state: dict[str, Any] = {"model": get_model_state_dict(policy)}
+    with_optimizer = bool(optimizer.state)
+    if with_optimizer:
+        state["optimizer"] = get_optimizer_state_dict(policy, optimizer)
+    dcp.save(state, checkpoint_id=directory)
+    return with_optimizer
 
 
-def load_into_sharded(
-    policy: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    weights: dict[str, torch.Tensor],
-    optimizer_state: dict[str, Any],
+def load_sharded(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, with_optimizer: bool
 ) -> None:
-    """Load full weights and a `gather_optimizer_state` dict into a sharded policy (every rank calls it)."""
+    """Read what `save_sharded` wrote into a sharded policy and its optimizer (a collective; each rank reads
+    the slices of its own shards). Without saved optimizer state the optimizer is reset to empty, as a
+    single-process `load_state_dict` of a step-0 checkpoint does."""
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
 
-    if optimizer_state.get("format") != "full_fqn":
-        raise RuntimeError(
-            "this checkpoint's optimizer state was saved by an unsharded run; resume it with "
-            "distributed.strategy='ddp' (or one process)"
-        )
-    options = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(policy, weights, options=options)
-    if optimizer_state["state"] is not None:  # None: saved before the first update, nothing to restore
-        set_optimizer_state_dict(policy, optimizer, optimizer_state["state"], options=options)
+    state: dict[str, Any] = {"model": get_model_state_dict(policy)}
+    if with_optimizer:
+        state["optimizer"] = get_optimizer_state_dict(policy, optimizer)
+    dcp.load(state, checkpoint_id=directory)
+    set_model_state_dict(policy, state["model"])
+    if with_optimizer:
+        set_optimizer_state_dict(policy, optimizer, state["optimizer"])
+    else:
+        optimizer.state.clear()
 
 
 def barrier(world: World) -> None:

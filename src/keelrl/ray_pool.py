@@ -1,22 +1,38 @@
-"""Reward scoring on a pool of Ray actors (`distributed.scorer = "ray"`), so a cluster's CPUs score while
-the accelerators train.
+"""Reward scoring (`distributed.scorer = "ray"`) and generation (`distributed.sampler = "ray"`) on pools of
+Ray actors, so a cluster's CPUs score and sample while the accelerators train.
 
-`ScorerPool` starts a light local Ray (or joins a cluster by address) and `workers` actors. Each actor
-builds its own copy of the task with `task_factory(task)`, i.e. `get_task(name, seed=..., **params)` run
-inside the actor, so only plain data crosses the process boundary. `pool.score(problems, completions)`
-splits the pairs into chunks with stable indices, keeps every actor busy with up to two chunks, and puts
-the results back by chunk index.
+`ActorPool` is the one piece both use: it starts a light local Ray (or joins a cluster by address; see
+`start_ray`), starts `size` actors of one class, and `run(method, chunks)` keeps every actor busy with up to
+two chunks and returns the results in chunk order.
+
+- `ScorerPool`: each actor builds its own copy of the task with `task_factory(task)`, i.e.
+  `get_task(name, seed=..., **params)` run inside the actor, so only plain data crosses the process boundary.
+  `pool.score(problems, completions)` splits the pairs into chunks of consecutive samples.
+- `SamplerPool` (a `Sampler`, a drop-in for `HFSampler`): each actor builds the policy from the run's
+  `ModelConfig` and an `HFSampler` over it with the run's share_prefix / autocast settings, on CPU with
+  `threads` torch threads. `sync_weights` puts the policy's CPU weights (tied copies left out) into the
+  object store once per new version and every actor loads them (and re-ties). `generate` cuts the rows into
+  the batches the in-process sampler would generate (`generation_chunks`: sorted by prompt, so a group's
+  identical prompts stay together and share their prefill; cut every `rollout.chunk_size` rows) and sends
+  each batch, with its rows' seeds, to an actor, which generates it as one batch. With
+  `rollout.chunk_size = 0` (one batch in process) the sorted rows are cut into one batch per actor, at group
+  boundaries (`group_chunks`).
 
 Guarantees:
-- Results equal in-process scoring: an actor scores a chunk with `score_safely`, the function the trainer's
-  local path calls (a checker that raises scores 0 with reason `score_error`), and the chunks are joined in
-  input order.
+- Results equal in-process ones. Scoring: an actor scores a chunk with `score_safely`, the function the
+  trainer's local path calls (a checker that raises scores 0 with reason `score_error`). Sampling: with
+  `rollout.chunk_size > 0` every batch is the in-process sampler's, so tokens and log-probs are bit-identical;
+  with 0, tokens are identical (row i's randomness comes from `seeds[i]` alone) but a log-prob may differ in
+  its last bits from the single in-process batch (float sums depend on the batch's shape).
 - No sample is lost or used twice: a chunk whose actor died (killed, out of memory, node lost) is re-queued
-  to a fresh replacement actor, at most `max_retries` times per chunk, then `ScorerPoolError`. Each chunk's
-  result is written exactly once (asserted). A re-queued chunk is scored again from its start, so checkers
-  must be free of side effects (they are: a score is a pure function of problem and completion).
-- Only actor death is retried. Any other failure (a task that cannot be built, a bug) fails the call with
-  the actor's error.
+  to a fresh replacement actor, at most `max_retries` times per chunk, then `RayPoolError`. Each chunk's
+  result is written exactly once (asserted). A re-queued chunk is redone from its start: a score is a pure
+  function of problem and completion, and a generation of its prompt, weights and seed, so the redo gives
+  the same result. A replacement sampling actor loads the latest weights before any chunk (Ray runs one
+  caller's calls to an actor in order), and every chunk names the weights version it must be generated
+  with, which the actor checks.
+- Only actor death is retried. Any other failure (a task or model that cannot be built, a bug) fails the
+  call with the actor's error.
 """
 
 from __future__ import annotations
@@ -26,43 +42,234 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from keelrl.config import ConfigError
+from keelrl.config import ConfigError, ModelConfig
+from keelrl.supervisor import pulse
 from keelrl.tasks import Task, get_task
 from keelrl.tasks.base import Score, score_safely
 
-CHUNKS_PER_WORKER = 4  # chunks per call and actor: enough to balance load, small enough to redo cheaply
+if TYPE_CHECKING:  # torch and transformers load in sampling processes only (scoring actors start faster)
+    import torch
+    from transformers import PreTrainedModel
+
+    from keelrl.algo.logprobs import Autocast
+    from keelrl.rollout import Generation, SamplingSettings
+
+CHUNKS_PER_WORKER = 4  # scoring chunks per call and actor: balances load, cheap to redo
 START_TIMEOUT_S = 300.0  # for the actors to come up (a cluster may first have to add nodes)
 IN_FLIGHT_PER_WORKER = 2  # chunks queued on one actor, so it never waits for the driver between chunks
 
 RAY_MISSING = (
-    'distributed.scorer = "ray" needs Ray, which is not installed in this environment. Install it with '
-    "pip install 'keelrl[ray]' (or pip install 'ray>=2.9'), or set distributed.scorer = \"local\" to score "
-    "rewards in the training process."
+    '{setting} = "ray" needs Ray, which is not installed in this environment. Install it with '
+    "pip install 'keelrl[ray]' (or pip install 'ray>=2.9'), or set {setting} = \"local\" to {local} in the "
+    "training process."
 )
+LOCAL_WORK = {"distributed.scorer": "score rewards", "distributed.sampler": "generate"}
+
+_pools_on_own_ray = 0  # live pools on a Ray that `start_ray` started; the last one to shut down stops it
 
 
-class ScorerPoolError(RuntimeError):
-    """Scoring on Ray cannot go on; the message says why and what to do."""
+class RayPoolError(RuntimeError):
+    """Work on a Ray actor pool cannot go on; the message says why and what to do."""
 
 
-def import_ray() -> Any:
-    """The `ray` module, or a ConfigError (a user error: one paragraph, exit 2) saying how to install it."""
+ScorerPoolError = RayPoolError  # the name scoring code has always caught
+
+
+def import_ray(setting: str = "distributed.scorer") -> Any:
+    """The `ray` module, or a ConfigError (a user error: one paragraph, exit 2) saying how to install it;
+    `setting` is the config key that asked for Ray."""
     try:
         import ray
     except ImportError:
-        raise ConfigError(RAY_MISSING) from None
+        raise ConfigError(
+            RAY_MISSING.format(setting=setting, local=LOCAL_WORK.get(setting, "work"))
+        ) from None
     return ray
+
+
+def start_ray(address: str, cpus: int) -> bool:
+    """Join the cluster at `address`, or (empty) start a local Ray with `cpus` logical CPUs, unless this
+    process runs Ray already. True when the caller now shares a Ray that keelrl started and must call
+    `stop_ray` when done; False for a Ray someone else started (a script, a test), which keelrl never stops.
+    Pools that share one process share its Ray: the first to start sizes it for all of them."""
+    global _pools_on_own_ray
+    ray = import_ray()
+    if not ray.is_initialized():
+        options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if address:
+            ray.init(address=address, **options)
+        else:
+            # "local": a new instance even where RAY_ADDRESS or a `ray start` cluster would be joined
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, **options)
+        _pools_on_own_ray = 0
+    elif _pools_on_own_ray == 0:
+        return False
+    _pools_on_own_ray += 1
+    return True
+
+
+def stop_ray() -> None:
+    """One user of keelrl's own Ray is done; the last one shuts it down."""
+    global _pools_on_own_ray
+    _pools_on_own_ray -= 1
+    if _pools_on_own_ray == 0:
+        import_ray().shutdown()
+
+
+def lost_actor_errors(ray: Any) -> tuple[type[BaseException], ...]:
+    """The errors a call gets when its actor died (and only then)."""
+    return (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
+
+
+class ActorPool:
+    """`size` Ray actors of `actor_cls(*args)`, each reserving `actor_cpus` CPUs, and the dispatch loop that
+    runs chunks of work on them (see the module docstring). The class needs a `pid()` method (a start-up
+    check). `prepare(actor)`, if given, is called on every replacement actor before it gets work, to bring it
+    to the state the others are in (it submits calls; Ray runs them before the chunks submitted after)."""
+
+    def __init__(
+        self,
+        actor_cls: type,
+        args: tuple[Any, ...],
+        size: int,
+        *,
+        role: str,
+        size_setting: str,
+        start_hint: str,
+        max_retries: int = 3,
+        address: str = "",
+        ray_cpus: int = 0,
+        actor_cpus: int = 1,
+        prepare: Callable[[Any], None] | None = None,
+    ) -> None:
+        """`role` ("scoring", "sampling") and `size_setting` (the config key of `size`) name the pool in
+        errors, `start_hint` says what to check when the actors cannot start; `ray_cpus` are the CPUs of a
+        local Ray this pool starts (0: enough for its own actors)."""
+        ray = import_ray()
+        self.role, self.max_retries, self.prepare = role, max_retries, prepare
+        self.replaced_total = 0
+        self.owns_ray = start_ray(address, ray_cpus or size * actor_cpus)
+        self._actor = ray.remote(num_cpus=actor_cpus, max_restarts=0)(actor_cls)
+        self._args = args
+        self.handles: list[Any] = []
+        try:  # build them now, so a broken task or model fails here and not in the middle of a step
+            self.handles = [self._actor.remote(*args) for _ in range(size)]
+            ray.get([h.pid.remote() for h in self.handles], timeout=START_TIMEOUT_S)
+        except BaseException as err:
+            free = ray.available_resources().get("CPU", 0.0)
+            self.shutdown()
+            if isinstance(err, ray.exceptions.GetTimeoutError):
+                raise RayPoolError(
+                    f"Ray did not start {size} {role} actors ({actor_cpus} CPU each) within "
+                    f"{START_TIMEOUT_S:.0f} s; the cluster has {free:g} CPUs free. Lower {size_setting} or give "
+                    "the cluster more CPUs."
+                ) from err
+            if isinstance(err, ray.exceptions.RayError):
+                raise RayPoolError(f"the Ray {role} workers could not start: {err}. {start_hint}") from err
+            raise
+
+    @property
+    def size(self) -> int:
+        return len(self.handles)
+
+    def _replace(self, slot: int) -> None:
+        ray = import_ray()
+        ray.kill(self.handles[slot], no_restart=True)
+        self.handles[slot] = self._actor.remote(*self._args)
+        if self.prepare is not None:
+            self.prepare(self.handles[slot])
+        self.replaced_total += 1
+
+    def run(
+        self, method: str, chunks: Sequence[tuple[Any, ...]], labels: Sequence[str]
+    ) -> tuple[list[Any], int]:
+        """`actor.<method>(*chunks[i])` for every chunk, spread over the actors: (the results in chunk order,
+        the actors replaced during the call). `labels[i]` names chunk i's data in errors."""
+        ray = import_ray()
+        lost_actor = lost_actor_errors(ray)
+        results: list[Any] = [None] * len(chunks)
+        written = [False] * len(chunks)
+        deaths = [0] * len(chunks)
+        pending = deque(range(len(chunks)))
+        in_flight: dict[Any, tuple[int, int, Any]] = {}  # result ref -> (chunk, actor slot, actor)
+        replaced = 0
+        while pending or in_flight:
+            for slot, actor in enumerate(self.handles):
+                queued = sum(1 for _, s, _ in in_flight.values() if s == slot)
+                for _ in range(IN_FLIGHT_PER_WORKER - queued):
+                    if not pending:
+                        break
+                    chunk = pending.popleft()
+                    in_flight[getattr(actor, method).remote(*chunks[chunk])] = (chunk, slot, actor)
+            done, _ = ray.wait(list(in_flight), num_returns=1)
+            pulse()  # the worker's heartbeat (the hang watchdog) sees the call progress
+            for ref in done:
+                chunk, slot, actor = in_flight.pop(ref)
+                try:
+                    value = ray.get(ref)
+                except lost_actor as err:
+                    deaths[chunk] += 1
+                    if deaths[chunk] > self.max_retries:
+                        raise RayPoolError(
+                            f"{labels[chunk]} lost their Ray {self.role} actor {deaths[chunk]} times "
+                            f"(distributed.ray_max_retries={self.max_retries}); last error: {err}. Actors keep "
+                            "dying: look for out-of-memory kills or code that crashes its process in the Ray "
+                            "logs (/tmp/ray/session_latest/logs on the node), or raise distributed.ray_max_retries."
+                        ) from err
+                    pending.appendleft(chunk)
+                    if self.handles[slot] is actor:  # the first of its chunks to report the death
+                        self._replace(slot)
+                        replaced += 1
+                    continue
+                assert not written[chunk], f"chunk {chunk} would be written twice"
+                results[chunk], written[chunk] = value, True
+        assert all(written)
+        return results, replaced
+
+    def call_all(self, method: str, *args: Any) -> int:
+        """`actor.<method>(*args)` on every actor, waiting for all; returns how many actors died and were
+        replaced. A replacement gets `prepare`, not this call, so `prepare` must already bring it to the state
+        this call sets (update what `prepare` reads first)."""
+        ray = import_ray()
+        lost_actor = lost_actor_errors(ray)
+        refs = [
+            (slot, actor, getattr(actor, method).remote(*args)) for slot, actor in enumerate(self.handles)
+        ]
+        replaced = 0
+        for slot, actor, ref in refs:
+            try:
+                ray.get(ref)
+            except lost_actor:
+                if self.handles[slot] is actor:
+                    self._replace(slot)
+                    replaced += 1
+        return replaced
+
+    def shutdown(self) -> None:
+        """Stop the actors, and Ray itself when the last pool on keelrl's own Ray stops."""
+        ray = import_ray()
+        if ray.is_initialized():
+            for actor in self.handles:
+                ray.kill(actor, no_restart=True)
+        self.handles = []
+        if self.owns_ray:
+            self.owns_ray = False
+            stop_ray()
+
+
+# ------------------------------------------------------------------------------------------------- scoring
 
 
 def task_factory(task: Task) -> Callable[[], Task]:
     """A picklable recipe that rebuilds `task` in another process: `get_task(name, seed=seed, **params)`."""
     seed, params = getattr(task, "seed", None), getattr(task, "params", None)
     if seed is None or params is None:
-        raise ScorerPoolError(
+        raise RayPoolError(
             f"task {task.name!r} cannot be rebuilt in a Ray worker: it has no `seed` and `params` attributes. "
             'Give it both (as the shipped tasks have), or set distributed.scorer = "local".'
         )
@@ -101,108 +308,229 @@ class ScorerPool:
         max_retries: int = 3,
         address: str = "",
         chunk_size: int = 0,
+        ray_cpus: int = 0,
     ) -> None:
         """`make_task` runs inside each actor (see `task_factory`); `address` empty starts a local Ray with
-        `workers` CPUs unless this process already runs one; `chunk_size` 0 picks one per call."""
-        ray = import_ray()
-        self.max_retries = max_retries
+        `ray_cpus` CPUs (0: `workers`) unless this process already runs one; `chunk_size` 0 picks one per call."""
         self.chunk_size = chunk_size
-        self.replaced_total = 0
-        self.owns_ray = not ray.is_initialized()
-        if self.owns_ray:
-            options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
-            if address:
-                ray.init(address=address, **options)
-            else:
-                # "local": a new instance even where RAY_ADDRESS or a `ray start` cluster would be joined
-                ray.init(address="local", num_cpus=workers, include_dashboard=False, **options)
-        self._actor = ray.remote(num_cpus=1, max_restarts=0)(ScoringWorker)
-        self._make_task = make_task
-        self.workers = [self._actor.remote(make_task) for _ in range(workers)]
-        try:  # build the tasks now, so a broken task fails here and not in the middle of a step
-            ray.get([w.pid.remote() for w in self.workers], timeout=START_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError as err:
-            free = ray.available_resources().get("CPU", 0.0)
-            self.shutdown()
-            raise ScorerPoolError(
-                f"Ray did not start {workers} scoring actors (1 CPU each) within {START_TIMEOUT_S:.0f} s; the "
-                f"cluster has {free:g} CPUs free. Lower distributed.ray_workers or give the cluster more CPUs."
-            ) from err
-        except ray.exceptions.RayError as err:
-            self.shutdown()
-            raise ScorerPoolError(
-                f"the Ray scoring workers could not start: {err}. Check that the task can be built from its "
-                f'name, seed and params in a fresh process, or set distributed.scorer = "local".'
-            ) from err
+        self.actors = ActorPool(
+            ScoringWorker,
+            (make_task,),
+            workers,
+            role="scoring",
+            size_setting="distributed.ray_workers",
+            start_hint="Check that the task can be built from its name, seed and params in a fresh process, "
+            'or set distributed.scorer = "local".',
+            max_retries=max_retries,
+            address=address,
+            ray_cpus=ray_cpus,
+        )
+
+    @property
+    def replaced_total(self) -> int:
+        """Actors replaced since the pool started."""
+        return self.actors.replaced_total
 
     def score(self, problems: list[dict[str, Any]], completions: list[str]) -> ScoredBatch:
         """Score `completions[i]` against `problems[i]` on the actors; identical to `score_safely` in this
         process. Replaces actors that die and re-queues their chunks (see the module docstring)."""
-        ray = import_ray()
-        lost_actor = (
-            ray.exceptions.RayActorError,
-            ray.exceptions.ActorDiedError,
-            ray.exceptions.ActorUnavailableError,
-        )
         n = len(problems)
-        size = self.chunk_size or max(1, math.ceil(n / (len(self.workers) * CHUNKS_PER_WORKER)))
-        chunks = [(start, min(start + size, n)) for start in range(0, n, size)]
-        results: list[tuple[list[Score], list[str]] | None] = [None] * len(chunks)
-        deaths = [0] * len(chunks)
-        pending = deque(range(len(chunks)))
-        in_flight: dict[Any, tuple[int, int, Any]] = {}  # result ref -> (chunk, worker slot, actor)
-        replaced = 0
-        while pending or in_flight:
-            for slot, actor in enumerate(self.workers):
-                queued = sum(1 for _, s, _ in in_flight.values() if s == slot)
-                for _ in range(IN_FLIGHT_PER_WORKER - queued):
-                    if not pending:
-                        break
-                    chunk = pending.popleft()
-                    start, end = chunks[chunk]
-                    ref = actor.score.remote(problems[start:end], completions[start:end])
-                    in_flight[ref] = (chunk, slot, actor)
-            done, _ = ray.wait(list(in_flight), num_returns=1)
-            for ref in done:
-                chunk, slot, actor = in_flight.pop(ref)
-                try:
-                    value = ray.get(ref)
-                except lost_actor as err:
-                    deaths[chunk] += 1
-                    if deaths[chunk] > self.max_retries:
-                        start, end = chunks[chunk]
-                        raise ScorerPoolError(
-                            f"completions {start}..{end - 1} lost their Ray scoring actor {deaths[chunk]} times "
-                            f"(distributed.ray_max_retries={self.max_retries}); last error: {err}. Actors "
-                            "keep dying: look for out-of-memory kills or a checker that crashes its process "
-                            "in the Ray logs (/tmp/ray/session_latest/logs on the node), or raise "
-                            "distributed.ray_max_retries."
-                        ) from err
-                    pending.appendleft(chunk)
-                    if self.workers[slot] is actor:  # the first of its chunks to report the death
-                        ray.kill(actor, no_restart=True)
-                        self.workers[slot] = self._actor.remote(self._make_task)
-                        replaced += 1
-                    continue
-                assert results[chunk] is None, f"chunk {chunk} would be written twice"
-                results[chunk] = value
-        self.replaced_total += replaced
+        size = self.chunk_size or max(1, math.ceil(n / (self.actors.size * CHUNKS_PER_WORKER)))
+        spans = [(start, min(start + size, n)) for start in range(0, n, size)]
+        results, replaced = self.actors.run(
+            "score",
+            [(problems[start:end], completions[start:end]) for start, end in spans],
+            [f"completions {start}..{end - 1}" for start, end in spans],
+        )
         scores: list[Score] = []
         errors: list[str] = []
-        for result in results:
-            assert result is not None
-            scores.extend(result[0])
-            errors.extend(result[1])
+        for chunk_scores, chunk_errors in results:
+            scores.extend(chunk_scores)
+            errors.extend(chunk_errors)
         assert len(scores) == n
         return ScoredBatch(scores, errors, replaced)
 
     def shutdown(self) -> None:
-        """Stop the actors, and Ray itself when this pool started it."""
-        ray = import_ray()
-        if not ray.is_initialized():
+        """Stop the actors, and Ray itself when this pool started it (and no other pool uses it)."""
+        self.actors.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy `weights` (a state dict without tied duplicates, as `untied_state_dict` makes) into `model` and
+    re-tie: every tensor but the tied copies must be there."""
+    from keelrl.checkpoint import untied_state_dict
+
+    tied = set(model.state_dict()) - set(untied_state_dict(model))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or set(missing) - tied:
+        raise RayPoolError(
+            f"the weights sent to a sampling actor do not fit its model: missing {sorted(set(missing) - tied)}, "
+            f"unexpected {sorted(unexpected)}. The actors build the policy from model.path; the trained policy "
+            "must have the same architecture."
+        )
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+
+def group_chunks(prompts: list[list[int]], order: list[int], parts: int) -> list[list[int]]:
+    """Cut `order` (row indices, identical prompts adjacent) into about `parts` runs of similar size, never
+    between two rows with the same prompt (a group stays together and shares its prefill)."""
+    target = max(1, math.ceil(len(order) / max(1, parts)))
+    chunks: list[list[int]] = []
+    for row in order:
+        if chunks and (len(chunks[-1]) < target or prompts[row] == prompts[chunks[-1][-1]]):
+            chunks[-1].append(row)
+        else:
+            chunks.append([row])
+    return chunks
+
+
+class SamplingWorker:
+    """One Ray actor: builds the policy and an `HFSampler` once, loads the weights it is sent, and generates
+    chunks with the weights version each chunk names."""
+
+    def __init__(self, model: ModelConfig, share_prefix: bool, autocast: Autocast, threads: int) -> None:
+        import torch
+
+        from keelrl.models import load_policy
+        from keelrl.rollout import HFSampler
+
+        torch.set_num_threads(threads)
+        policy, tokenizer = load_policy(model)
+        # chunk_size 0: each chunk is one batch (the pool has cut the batches already)
+        self.sampler = HFSampler(policy, tokenizer, 0, share_prefix, autocast)
+        self.version: int | None = None  # of the loaded weights; None before any load or after a failed one
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        self.version = None
+        load_weights(self.sampler.model, weights)
+        self.sampler.sync_weights(self.sampler.model, version)
+        self.version = version
+
+    def generate(
+        self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int], version: int
+    ) -> list[Generation]:
+        if self.version != version:
+            raise RayPoolError(
+                f"sampling actor {os.getpid()} holds weights version {self.version}, but the chunk is for version "
+                f"{version} (None: loading them failed; its error is in the Ray worker log)"
+            )
+        return self.sampler.generate(prompts, settings, seeds)
+
+
+class SamplerPool:
+    """`workers` Ray actors generating with the policy's weights; a `Sampler` (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        workers: int,
+        chunk_size: int = 0,
+        share_prefix: bool = True,
+        autocast: Autocast = "off",
+        threads: int = 1,
+        max_retries: int = 3,
+        address: str = "",
+        ray_cpus: int = 0,
+        worker: type[SamplingWorker] = SamplingWorker,
+    ) -> None:
+        """`model` is built inside each actor (with `load_policy`; a local path is made absolute here);
+        `chunk_size` (rows per batch; 0: one batch per actor), `share_prefix` and `autocast` are the
+        in-process `HFSampler`'s; each actor runs `threads` torch threads and reserves as many CPUs. `address`
+        empty starts a local Ray with `ray_cpus` CPUs (0: `workers * threads`) unless this process already
+        runs one. `worker` is the actor class (a subclass changes how an actor generates; the tests' kills
+        one). No weights until `sync_weights`."""
+        path = Path(model.path).expanduser()
+        if model.path not in ("tiny", "smollm2") and path.exists():
+            model = model.model_copy(update={"path": str(path.resolve())})
+        self.chunk_size = chunk_size
+        self._version = -1
+        self._weights: Any = None  # object ref of the current weights
+        self.unreported = 0  # replacements not yet counted by `take_replaced`
+        self.actors = ActorPool(
+            worker,
+            (model, share_prefix, autocast, threads),
+            workers,
+            role="sampling",
+            size_setting="distributed.ray_sampler_workers",
+            start_hint="Check that model.path can be loaded on the Ray nodes (a local path must exist there "
+            'too), or set distributed.sampler = "local".',
+            max_retries=max_retries,
+            address=address,
+            ray_cpus=ray_cpus,
+            actor_cpus=threads,
+            prepare=self._prepare,
+        )
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def replaced_total(self) -> int:
+        """Actors replaced since the pool started."""
+        return self.actors.replaced_total
+
+    def take_replaced(self) -> int:
+        """Actors replaced since the last call (the trainer reports them once per step)."""
+        n, self.unreported = self.unreported, 0
+        return n
+
+    def _prepare(self, actor: Any) -> None:
+        if self._weights is not None:
+            actor.load_weights.remote(self._weights, self._version)
+
+    def sync_weights(self, policy: PreTrainedModel, version: int) -> None:
+        """Send `policy`'s weights to every actor, unless they already hold `version` (the trainer bumps the
+        version with every update and restores it with the weights on rollback or resume)."""
+        if version == self._version:
             return
-        for actor in self.workers:
-            ray.kill(actor, no_restart=True)
-        self.workers = []
-        if self.owns_ray:
-            ray.shutdown()
+        from keelrl.checkpoint import untied_state_dict
+
+        ray = import_ray()
+        self._weights = ray.put({k: v.detach().cpu() for k, v in untied_state_dict(policy).items()})
+        self._version = version
+        self.unreported += self.actors.call_all("load_weights", self._weights, version)
+
+    def generate(
+        self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
+    ) -> list[Generation]:
+        """One completion per prompt, `seeds[i]` driving row i, in input order (see the module docstring)."""
+        from keelrl.rollout import generation_chunks
+
+        if len(prompts) != len(seeds):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        if self._weights is None:
+            raise RayPoolError("SamplerPool.generate before sync_weights: the actors hold no weights yet")
+        if not prompts:
+            return []
+        if self.chunk_size:
+            chunks = generation_chunks(prompts, self.chunk_size)
+        else:
+            chunks = group_chunks(prompts, generation_chunks(prompts, 0)[0], self.actors.size)
+        labels = [f"{len(rows)} prompts (rows {', '.join(map(str, rows[:3]))}, ...)" for rows in chunks]
+        results, replaced = self.actors.run(
+            "generate",
+            [
+                ([prompts[i] for i in rows], settings, [seeds[i] for i in rows], self._version)
+                for rows in chunks
+            ],
+            labels,
+        )
+        self.unreported += replaced
+        out: list[Generation | None] = [None] * len(prompts)
+        for rows, gens in zip(chunks, results):
+            for i, gen in zip(rows, gens, strict=True):
+                out[i] = gen
+        assert all(g is not None for g in out)
+        return out  # type: ignore[return-value]
+
+    def shutdown(self) -> None:
+        """Stop the actors, and Ray itself when this pool started it (and no other pool uses it)."""
+        self.actors.shutdown()

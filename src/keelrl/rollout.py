@@ -195,6 +195,16 @@ def _truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return probs * mask
 
 
+def generation_chunks(prompts: list[list[int]], chunk_size: int) -> list[list[int]]:
+    """The batches `HFSampler` generates `prompts` in, as lists of row indices: rows sorted by (length,
+    prompt), so similar lengths go together (less padding) and identical prompts are adjacent (a group
+    shares its prefill), cut every `chunk_size` rows (0: one batch). A row's floats depend on which rows
+    share its batch, so a sampler that must match this one bit for bit generates these same batches."""
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))
+    size = chunk_size or max(1, len(order))
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
 class HFSampler:
     """Batched sampling with a KV cache over a transformers causal LM.
 
@@ -247,13 +257,8 @@ class HFSampler:
         if not prompts:
             return []
         uniforms = row_uniforms(seeds, settings.max_new_tokens)  # [B, N]
-        chunk = self.chunk_size or len(prompts)
-        # Generate similar-length prompts together (less padding; identical prompts end up adjacent, so a
-        # group stays in one chunk); results go back in input order.
-        order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))
         results: list[Generation | None] = [None] * len(prompts)
-        for start in range(0, len(order), chunk):
-            idx = order[start : start + chunk]
+        for idx in generation_chunks(prompts, self.chunk_size):
             with autocast_context(next(self.model.parameters()).device, self.autocast):
                 outs = self._generate_chunk([prompts[i] for i in idx], settings, uniforms[idx])
             for i, out in zip(idx, outs):

@@ -21,6 +21,7 @@ import copy
 import math
 import os
 import queue
+import shutil
 import signal
 import threading
 import time
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch.distributed.checkpoint import CheckpointException
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from keelrl import checkpoint as ckpt
@@ -62,11 +64,11 @@ from keelrl.distributed import (
     broadcast_object,
     close_world,
     full_state_dict,
-    gather_optimizer_state,
     grad_sync,
     init_world,
     is_sharded,
     loss_scale,
+    save_sharded,
     wrap_for_training,
 )
 from keelrl.evaluate import run_eval, summarize
@@ -76,7 +78,7 @@ from keelrl.models import load_policy, model_summary, save_hf_dir
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, Sink, TensorBoardSink, WandbSink, tensorboard_available
 from keelrl.monitor.traces import is_repetitive
-from keelrl.ray_pool import ScorerPool, import_ray, task_factory
+from keelrl.ray_pool import SamplerPool, ScorerPool, import_ray, task_factory
 from keelrl.rollout import HFSampler, Rollout, Sampler, SamplingSettings, render_prompt, resolve_template
 from keelrl.state import TrainState
 from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, install_heartbeat, pulse
@@ -212,8 +214,9 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         torch.set_num_threads(cfg.train.threads)
     config_dict = config_to_dict(cfg)
     task = get_task(cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
-    if cfg.distributed.scorer == "ray":
-        import_ray()  # a missing Ray fails before the model loads; the pool starts last, once setup cannot fail
+    for setting in ("scorer", "sampler"):  # a missing Ray fails before the model loads; pools start last
+        if getattr(cfg.distributed, setting) == "ray":
+            import_ray(f"distributed.{setting}")
     policy, tokenizer = load_policy(cfg.model)
     policy.to(world.device)
     policy.eval()  # dropout off: see module docstring
@@ -273,10 +276,42 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     if world.is_writer:
         run_dir.write_config(config_dict)
         _open_sinks(run, state, config_dict)
-    if cfg.distributed.scorer == "ray":
-        d = cfg.distributed
-        run.scorer = ScorerPool(task_factory(task), d.ray_workers, d.ray_max_retries, d.ray_address)
+    start_pools(run, state)
     return run, state
+
+
+def start_pools(run: Run, state: TrainState) -> None:
+    """The Ray actor pools the config asks for (distributed.scorer / sampler = "ray"), on one Ray sized for
+    both; the sampling pool replaces the in-process sampler and gets the current weights."""
+    cfg, d = run.cfg, run.cfg.distributed
+    cpus = d.ray_workers * (d.scorer == "ray") + d.ray_sampler_workers * (d.sampler == "ray")
+    try:
+        if d.scorer == "ray":
+            run.scorer = ScorerPool(
+                task_factory(run.task), d.ray_workers, d.ray_max_retries, d.ray_address, ray_cpus=cpus
+            )
+        if d.sampler == "ray":
+            run.sampler = SamplerPool(
+                cfg.model,
+                d.ray_sampler_workers,
+                chunk_size=cfg.rollout.chunk_size,
+                share_prefix=cfg.train.share_prefix,
+                autocast=cfg.train.autocast,
+                max_retries=d.ray_max_retries,
+                address=d.ray_address,
+                ray_cpus=cpus,
+            )
+            sync_sampler(run, state)
+    except BaseException:  # a pool that did start must not outlive the failed setup
+        shutdown_pools(run)
+        raise
+
+
+def shutdown_pools(run: Run) -> None:
+    if run.scorer is not None:
+        run.scorer.shutdown()
+    if isinstance(run.sampler, SamplerPool):
+        run.sampler.shutdown()
 
 
 def restore_or_start(run: Run, state: TrainState, resume: ResumeMode, config_dict: dict[str, Any]) -> None:
@@ -416,6 +451,17 @@ def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> dict[st
             injected=any("injected fault" in e for e in errors),
         )
     return {"reward/errors": float(len(errors)), **out}
+
+
+def sampler_pool_metrics(run: Run, state: TrainState) -> dict[str, float]:
+    """With distributed.sampler = "ray": an event for sampling actors replaced since the last step (in this
+    step's generation, refills or the eval before it), and their count since this process started."""
+    if not isinstance(run.sampler, SamplerPool):
+        return {}
+    replaced = run.sampler.take_replaced()
+    if replaced:
+        run.event("sampler_worker_replaced", state.step, count=replaced, total=run.sampler.replaced_total)
+    return {"sampler/replaced_workers": float(run.sampler.replaced_total)}
 
 
 def curriculum_phase(
@@ -920,16 +966,25 @@ def save_checkpoint(
     run: Run, state: TrainState, metrics: dict[str, float], reason: str, wait: bool = False
 ) -> None:
     """Snapshot `state` to CPU memory and commit it (rank 0 writes), in the background when
-    checkpoint.async_save. Bookkeeping (events, pruning, status) happens in `collect_saves`."""
-    optimizer_state = None
-    if is_sharded(state.policy):  # every rank takes part in gathering the optimizer's shards
-        optimizer_state = gather_optimizer_state(state.policy, state.optimizer)
+    checkpoint.async_save. A sharded policy's ranks first write their shards (synchronously) into the
+    directory that becomes the checkpoint. Bookkeeping (events, pruning, status) happens in `collect_saves`."""
+    t0 = time.perf_counter()
+    optimizer_state, staged = None, None
+    if is_sharded(state.policy):
+        staged = on_writer(run, lambda: ckpt.stage_dir(run.run_dir.checkpoints, state.step))
+        try:
+            with_state = save_sharded(state.policy, state.optimizer, str(staged / ckpt.SHARDED))
+        except (CheckpointException, OSError) as err:  # every rank sees the failure (DCP gathers them)
+            if run.world.is_writer:
+                shutil.rmtree(staged, ignore_errors=True)
+                run.event("checkpoint_failed", state.step, reason=f"writing the shards failed: {err}")
+            return
+        optimizer_state = {"format": "sharded", "with_state": with_state}
     if not run.world.is_writer:
         return
     cfg = run.cfg
     run.faults.before_save(state.step)
     run.heartbeat.beat(force=True, phase="checkpoint")
-    t0 = time.perf_counter()
     ckpt_metrics = {k: v for k, v in metrics.items() if k.startswith("eval/")}
     extra = {"metrics": ckpt_metrics, "reason": reason, "snapshot_time": time.time()}
     snap = ckpt.snapshot(
@@ -937,12 +992,12 @@ def save_checkpoint(
     )
     stall = time.perf_counter() - t0
     if run.saver is not None:
-        stall += run.saver.submit(snap, run.run_dir.checkpoints, run.guardian.healthy, write=True)
+        stall += run.saver.submit(snap, run.run_dir.checkpoints, run.guardian.healthy, staged)
         if wait:
             run.saver.wait()
     else:
         try:
-            path = ckpt.write_snapshot(snap, run.run_dir.checkpoints, run.guardian.healthy)
+            path = ckpt.write_snapshot(snap, run.run_dir.checkpoints, run.guardian.healthy, staged)
             run.save_results.put((path, None, snap))
         except ckpt.CheckpointError as err:
             run.save_results.put((None, err, snap))
@@ -1016,6 +1071,7 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     rollouts, chosen = curriculum_phase(run, state, rollouts)
     metrics["reward/errors"] += chosen.pop("reward/errors", 0.0)
     metrics.update(chosen)
+    metrics.update(sampler_pool_metrics(run, state))
     tc = time.perf_counter()
     run.heartbeat.beat(phase="update")
     metrics.update(rollout_metrics(run, rollouts))
@@ -1240,8 +1296,7 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             signal.signal(signal.SIGTERM, previous_handler)
         for sink in run.sinks:
             sink.close()
-        if run.scorer is not None:
-            run.scorer.shutdown()
+        shutdown_pools(run)
         run.train_module = None  # DDP holds the process group: release it before leaving the group
         close_world()
     return summary

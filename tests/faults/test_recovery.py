@@ -80,9 +80,9 @@ def test_disk_full_during_save_keeps_previous_and_reports(drill: Drill, tmp_path
 
     original = ckpt.write_snapshot
 
-    def tracking(snap, checkpoints_dir, healthy=True):
+    def tracking(snap, checkpoints_dir, healthy=True, staged=None):
         calls["dir"] = ckpt.step_dir_name(snap.step)
-        return original(snap, checkpoints_dir, healthy)
+        return original(snap, checkpoints_dir, healthy, staged)
 
     monkeypatch.setattr(ckpt, "WRITE_HOOK", full_disk)
     monkeypatch.setattr(ckpt, "write_snapshot", tracking)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from keelrl.distributed import FRESH_STORE_ENV, _attempt_store
 
 SETTINGS = [
     "train.steps=4",
@@ -74,9 +77,9 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def _assert_same_update(single: Path, multi: Path, initial: dict[str, torch.Tensor]) -> None:
+def _assert_same_update(single: Path, multi: Path, initial: dict[str, torch.Tensor], steps: int = 4) -> None:
     ms, mm = _metrics(single), _metrics(multi)
-    assert [m["step"] for m in ms] == [m["step"] for m in mm] == list(range(5))
+    assert [m["step"] for m in ms] == [m["step"] for m in mm] == list(range(steps + 1))
     for a, b in zip(ms[1:], mm[1:]):
         assert a["reward/mean"] == b["reward/mean"] and a["tokens/generated"] == b["tokens/generated"]
         for key in LOSSES:
@@ -105,13 +108,38 @@ def test_two_processes_equal_one(
     _assert_same_update(tmp_path / "single", tmp_path / "multi", initial)
     cfg = json.loads((tmp_path / "multi" / "config.json").read_text())
     assert cfg["distributed"]["strategy"] == strategy
+    if strategy == "fsdp2":
+        _assert_sharded_checkpoints(tmp_path / "multi")
+
+
+def _assert_sharded_checkpoints(run: Path) -> None:
+    """An FSDP2 run's checkpoints hold each rank's shards (torch.distributed.checkpoint), covered by the
+    manifest like every other file, next to an HF copy of the whole weights; a damaged shard is caught."""
+    from keelrl.checkpoint import committed, read_manifest, verify
+
+    ckpts = committed(run / "checkpoints")
+    assert [p.name for p in ckpts][:2] == ["step_00000004", "step_00000002"]
+    latest = ckpts[0]
+    shards = sorted(p.name for p in (latest / "sharded").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    listed = read_manifest(latest)["files"]
+    assert {f"sharded/{name}" for name in shards} <= listed.keys() and "model.safetensors" in listed
+    saved = load_file(str(latest / "model.safetensors"))
+    assert _max_diff(saved, _weights(run)) == 0.0  # the HF copy is the trained policy
+    assert verify(latest) is None
+    shard = latest / "sharded" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert "sharded/__1_0.distcp" in (verify(latest) or "")
 
 
 def _rank_pid(run_dir: Path, rank: int) -> int | None:
+    """The training process of global rank `rank` (not a torchrun agent, whose environment has no RANK)."""
     psutil = pytest.importorskip("psutil")
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if "worker" in cmd and str(run_dir) in cmd:
+        if "keelrl" in cmd and "torch.distributed.run" not in cmd and str(run_dir) in cmd:
             try:
                 if proc.environ().get("RANK") == str(rank):
                     return proc.pid
@@ -120,7 +148,29 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def _kill_rank_after(run: Path, rank: int, step: int, procs: list[subprocess.Popen]) -> int:
+    """SIGKILL the training process of `rank` once the run has logged `step`; returns the step seen then."""
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:
+            metrics = _metrics(run) if (run / "metrics.jsonl").exists() else []
+            if metrics and metrics[-1]["step"] >= step:
+                pid = _rank_pid(run, rank)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    return metrics[-1]["step"]
+            time.sleep(0.05)
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    for p in procs:
+        p.kill()
+    raise AssertionError(f"rank {rank} was never seen running past step {step}")
+
+
+# ddp's kill-and-restart is also covered, against one process, by the torchrun-restart tests below: slow here
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp2"])
 def test_killed_rank_restarts_the_group_and_resumes_exactly(
     strategy: str, format_run: list[str], tmp_path: Path
 ) -> None:
@@ -131,22 +181,8 @@ def test_killed_rank_restarts_the_group_and_resumes_exactly(
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = _argv(run, format_run, *settings, nproc=2, supervised=True)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline, killed = time.time() + 240, None
-        while time.time() < deadline and killed is None:
-            metrics = _metrics(run) if (run / "metrics.jsonl").exists() else []
-            if metrics and metrics[-1]["step"] >= 3:  # past the step-2 checkpoint
-                pid = _rank_pid(run, 1)
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    killed = metrics[-1]["step"]
-            time.sleep(0.05)
-        assert killed is not None, "rank 1 was never seen running"
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err[-3000:]
+    killed = _kill_rank_after(run, rank=1, step=3, procs=[proc])
+    _wait_all([proc])
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
     restarts = [e for e in events if e["kind"] == "restart"]
     assert restarts, [e["kind"] for e in events]
@@ -157,12 +193,20 @@ def test_killed_rank_restarts_the_group_and_resumes_exactly(
     assert [m["step"] for m in _metrics(run)] == list(range(11))
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_guard_rollback_happens_on_every_rank(
-    format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
+    strategy: str, format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
     # a NaN gradient at step 3 with a one-skip budget: skip, then roll back to the step-2 checkpoint. Every
-    # rank must decide the same (rank 0's history is broadcast), or the group deadlocks or diverges.
-    extra = ["faults.nan_grad_at_step=3", "guards.max_skips_in_window=1"]
+    # rank must decide the same (rank 0's history is broadcast), or the group deadlocks or diverges. With
+    # fsdp2 the rollback reads the sharded checkpoint in the middle of a run.
+    extra = [
+        "faults.nan_grad_at_step=3",
+        "guards.max_skips_in_window=1",
+        f'distributed.strategy="{strategy}"',
+    ]
+    if strategy == "fsdp2":
+        extra.append("train.share_prefix=false")
     _run(_argv(tmp_path / "single", format_run, *extra))
     _run(_argv(tmp_path / "multi", format_run, *extra, nproc=2))
     for run in ("single", "multi"):
@@ -170,3 +214,89 @@ def test_guard_rollback_happens_on_every_rank(
         rollbacks = [e for e in events if e["kind"] == "rollback"]
         assert [(e["step"], e["to_step"], e["rule"]) for e in rollbacks] == [(3, 2, "too_many_skips")]
     _assert_same_update(tmp_path / "single", tmp_path / "multi", initial)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _torchrun(run: Path, format_run: list[str], *settings: str, launch: list[str]) -> list[str]:
+    """`torchrun LAUNCH... -m keelrl train ...` as a user on a cluster types it (no keelrl supervisor)."""
+    worker = _argv(run, format_run, *settings)[3:]
+    return [sys.executable, "-m", "torch.distributed.run", *launch, "-m", "keelrl", *worker]
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout: float = 300) -> None:
+    try:
+        errs = [p.communicate(timeout=timeout)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(e[-3000:] for e in errs)
+
+
+def _torchrun_kill_and_compare(
+    format_run: list[str],
+    initial: dict[str, torch.Tensor],
+    tmp_path: Path,
+    launch: list[str],
+    nodes: int,
+    env: dict[str, str],
+) -> None:
+    """Start `nodes` torchrun agents with `launch`, kill rank 1 past the step-2 checkpoint, and check that
+    torchrun restarted the group from a checkpoint and the run still equals one process."""
+    settings = ["train.steps=8"]
+    _run(_argv(tmp_path / "single", format_run, *settings))
+    run = tmp_path / "multi"
+    argv = _torchrun(run, format_run, *settings, launch=launch)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for _ in range(nodes)
+    ]
+    killed = _kill_rank_after(run, rank=1, step=3, procs=procs)
+    _wait_all(procs)
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    resumed = [e for e in events if e["kind"] == "resume"]
+    assert resumed and resumed[0]["step"] <= killed  # the whole group came back from a checkpoint
+    _assert_same_update(tmp_path / "single", run, initial, steps=8)
+
+
+def test_torchrun_max_restarts_restarts_the_group(
+    format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    # torchrun itself as the restarter (--max-restarts, no keelrl supervisor), one node: the restarted
+    # group joins under its own store prefix (distributed._attempt_store).
+    launch = ["--standalone", "--nproc-per-node=2", "--max-restarts=1"]
+    _torchrun_kill_and_compare(format_run, initial, tmp_path, launch, nodes=1, env={})
+
+
+def test_two_nodes_rendezvous_and_torchrun_restarts(
+    format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    # Two "nodes" on this machine, one process each, joined by torchrun's c10d rendezvous as on a cluster:
+    # every node runs the same command, and the run directory stands in for the shared file system.
+    # torchrun restarts both nodes' workers with a fresh store per attempt (FRESH_STORE_ENV, as the error
+    # message of a multi-node restart without it asks).
+    launch = [
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+        "--rdzv-id=keelrl-two-nodes",
+        "--max-restarts=1",
+    ]
+    _torchrun_kill_and_compare(format_run, initial, tmp_path, launch, nodes=2, env={FRESH_STORE_ENV: "1"})
+
+
+def test_multi_node_restart_on_a_shared_store_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match=f"{FRESH_STORE_ENV}=1"):
+        _attempt_store(rank=1, world_size=2, timeout_s=1.0)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # a first attempt uses torch's own rendezvous
+    assert _attempt_store(rank=1, world_size=2, timeout_s=1.0) is None

@@ -61,10 +61,11 @@ def test_unknown_task(tmp_path: Path, capsys) -> None:
         get_task("countdown", min_numbers=5, max_numbers=4)
 
 
-def test_ray_scorer_without_ray(tmp_path: Path, capsys, monkeypatch) -> None:
+@pytest.mark.parametrize("setting", ["scorer", "sampler"])
+def test_ray_pool_without_ray(setting: str, tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if it were not installed
     run = tmp_path / "r"
-    argv = ["train", "configs/smoke.toml", "--no-supervisor", "--set", 'distributed.scorer="ray"']
+    argv = ["train", "configs/smoke.toml", "--no-supervisor", "--set", f'distributed.{setting}="ray"']
     code, err = _run([*argv, "--run-dir", str(run)], capsys)
-    assert code == 2 and "pip install 'keelrl[ray]'" in err and 'distributed.scorer = "local"' in err
+    assert code == 2 and "pip install 'keelrl[ray]'" in err and f'distributed.{setting} = "local"' in err
     assert "Traceback" not in err and not run.exists()  # stopped before any work
