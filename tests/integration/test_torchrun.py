@@ -148,8 +148,11 @@ def _rank_pid(run_dir: Path, rank: int) -> int | None:
     return None
 
 
-def _kill_rank_after(run: Path, rank: int, step: int, procs: list[subprocess.Popen]) -> int:
-    """SIGKILL the training process of `rank` once the run has logged `step`; returns the step seen then."""
+def _kill_rank_after(
+    run: Path, rank: int, step: int, procs: list[subprocess.Popen], sig: int = signal.SIGKILL
+) -> int:
+    """Send `sig` (SIGKILL: dead; SIGSTOP: hung) to the training process of `rank` once the run has logged
+    `step`; returns the step seen then."""
     deadline = time.time() + 240
     try:
         while time.time() < deadline:
@@ -157,7 +160,7 @@ def _kill_rank_after(run: Path, rank: int, step: int, procs: list[subprocess.Pop
             if metrics and metrics[-1]["step"] >= step:
                 pid = _rank_pid(run, rank)
                 if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, sig)
                     return metrics[-1]["step"]
             time.sleep(0.05)
     except BaseException:
@@ -245,10 +248,11 @@ def _torchrun_kill_and_compare(
     launch: list[str],
     nodes: int,
     env: dict[str, str],
+    sig: int = signal.SIGKILL,
 ) -> None:
-    """Start `nodes` torchrun agents with `launch`, kill rank 1 past the step-2 checkpoint, and check that
-    torchrun restarted the group from a checkpoint and the run still equals one process."""
-    settings = ["train.steps=8"]
+    """Start `nodes` torchrun agents with `launch`, kill (or stop) rank 1 past the step-2 checkpoint, and
+    check that torchrun restarted the group from a checkpoint and the run still equals one process."""
+    settings = ["train.steps=8", "distributed.timeout_s=10"]
     _run(_argv(tmp_path / "single", format_run, *settings))
     run = tmp_path / "multi"
     argv = _torchrun(run, format_run, *settings, launch=launch)
@@ -257,7 +261,7 @@ def _torchrun_kill_and_compare(
         subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for _ in range(nodes)
     ]
-    killed = _kill_rank_after(run, rank=1, step=3, procs=procs)
+    killed = _kill_rank_after(run, rank=1, step=3, procs=procs, sig=sig)
     _wait_all(procs)
     events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
     resumed = [e for e in events if e["kind"] == "resume"]
@@ -265,13 +269,18 @@ def _torchrun_kill_and_compare(
     _assert_same_update(tmp_path / "single", run, initial, steps=8)
 
 
+@pytest.mark.parametrize(
+    "sig", [signal.SIGKILL, pytest.param(signal.SIGSTOP, marks=pytest.mark.slow)], ids=["dead", "hung"]
+)
 def test_torchrun_max_restarts_restarts_the_group(
-    format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
+    sig: int, format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
     # torchrun itself as the restarter (--max-restarts, no keelrl supervisor), one node: the restarted
-    # group joins under its own store prefix (distributed._attempt_store).
+    # group joins under its own store prefix (distributed._attempt_store). A hung rank (SIGSTOP) is found
+    # by the collective timeout (distributed.timeout_s=10): rank 0 fails, torchrun kills the stopped
+    # process (after its 30 s SIGTERM grace) and restarts the group.
     launch = ["--standalone", "--nproc-per-node=2", "--max-restarts=1"]
-    _torchrun_kill_and_compare(format_run, initial, tmp_path, launch, nodes=1, env={})
+    _torchrun_kill_and_compare(format_run, initial, tmp_path, launch, nodes=1, env={}, sig=sig)
 
 
 def test_two_nodes_rendezvous_and_torchrun_restarts(
