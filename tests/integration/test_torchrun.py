@@ -252,7 +252,9 @@ def _torchrun_kill_and_compare(
 ) -> None:
     """Start `nodes` torchrun agents with `launch`, kill (or stop) rank 1 past the step-2 checkpoint, and
     check that torchrun restarted the group from a checkpoint and the run still equals one process."""
-    settings = ["train.steps=8", "distributed.timeout_s=10"]
+    # a hung rank is found by the collective timeout: short for that case. It also bounds how long a restarted
+    # group waits for its slowest process to start, so a dead rank (noticed at once) keeps the default.
+    settings = ["train.steps=8"] + (["distributed.timeout_s=20"] if sig == signal.SIGSTOP else [])
     _run(_argv(tmp_path / "single", format_run, *settings))
     run = tmp_path / "multi"
     argv = _torchrun(run, format_run, *settings, launch=launch)
@@ -277,7 +279,7 @@ def test_torchrun_max_restarts_restarts_the_group(
 ) -> None:
     # torchrun itself as the restarter (--max-restarts, no keelrl supervisor), one node: the restarted
     # group joins under its own store prefix (distributed._attempt_store). A hung rank (SIGSTOP) is found
-    # by the collective timeout (distributed.timeout_s=10): rank 0 fails, torchrun kills the stopped
+    # by the collective timeout (distributed.timeout_s=20): rank 0 fails, torchrun kills the stopped
     # process (after its 30 s SIGTERM grace) and restarts the group.
     launch = ["--standalone", "--nproc-per-node=2", "--max-restarts=1"]
     _torchrun_kill_and_compare(format_run, initial, tmp_path, launch, nodes=1, env={}, sig=sig)
