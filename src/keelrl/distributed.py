@@ -202,14 +202,22 @@ def save_sharded(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, dire
     asking torch for it anyway initialises it with a zero-gradient step, which moves Adam's step count and
     changes every later update (measured: a first update 0.74x the size of the single-process one)."""
     import torch.distributed.checkpoint as dcp
+
+    with_optimizer = bool(optimizer.state)
+    dcp.save(_sharded_state(policy, optimizer, with_optimizer), checkpoint_id=directory)
+    return with_optimizer
+
+
+def _sharded_state(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer, with_optimizer: bool
+) -> dict[str, Any]:
+    """The sharded (DTensor) state dicts `save_sharded` writes and `load_sharded` reads into, by name."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     state: dict[str, Any] = {"model": get_model_state_dict(policy)}
-    with_optimizer = bool(optimizer.state)
     if with_optimizer:
         state["optimizer"] = get_optimizer_state_dict(policy, optimizer)
-    dcp.save(state, checkpoint_id=directory)
-    return with_optimizer
+    return state
 
 
 def load_sharded(
@@ -219,27 +227,15 @@ def load_sharded(
     the slices of its own shards). Without saved optimizer state the optimizer is reset to empty, as a
     single-process `load_state_dict` of a step-0 checkpoint does."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    state: dict[str, Any] = {"model": get_model_state_dict(policy)}
-    if with_optimizer:
-        state["optimizer"] = get_optimizer_state_dict(policy, optimizer)
+    state = _sharded_state(policy, optimizer, with_optimizer)
     dcp.load(state, checkpoint_id=directory)
     set_model_state_dict(policy, state["model"])
     if with_optimizer:
         set_optimizer_state_dict(policy, optimizer, state["optimizer"])
     else:
         optimizer.state.clear()
-
-
-def barrier(world: World) -> None:
-    if world.world_size > 1:
-        dist.barrier()
 
 
 def broadcast_object(value: Any, world: World) -> Any:

@@ -77,9 +77,6 @@ class RayPoolError(RuntimeError):
     """Work on a Ray actor pool cannot go on; the message says why and what to do."""
 
 
-ScorerPoolError = RayPoolError  # the name scoring code has always caught
-
-
 def import_ray(setting: str = "distributed.scorer") -> Any:
     """The `ray` module, or a ConfigError (a user error: one paragraph, exit 2) saying how to install it;
     `setting` is the config key that asked for Ray."""

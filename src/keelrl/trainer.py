@@ -623,7 +623,6 @@ def micro_batches(
     return [batch.select(order[i : i + size]) for i in range(0, len(order), size)]
 
 
-@torch.no_grad()
 def as_logprob_module(model: torch.nn.Module) -> torch.nn.Module:
     """A policy as the module the update calls (models pass through `LogprobModule`; wrapped ones as they are)."""
     return LogprobModule(model) if isinstance(model, PreTrainedModel) else model
@@ -692,8 +691,8 @@ def prepare_batch(
     if state.ref_policy is not None:
         batch.ref_logprobs = forward_logprobs(state.ref_policy, batch, mbs, temp, share, autocast)
     if a.old_logprobs == "recompute" or a.tis_cap > 0:
-        policy = run.train_module if run.train_module is not None else state.policy
-        batch.old_logprobs = forward_logprobs(policy, batch, mbs, temp, share, autocast)
+        assert run.train_module is not None  # set by setup for every world size
+        batch.old_logprobs = forward_logprobs(run.train_module, batch, mbs, temp, share, autocast)
         metrics.update(mismatch_metrics(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, world))
     else:
         batch.old_logprobs = batch.sampler_logprobs
@@ -724,6 +723,7 @@ def update_phase(
     by the per-step guards and skipped (gradient dropped) when one fires."""
     cfg, a, world = run.cfg, run.cfg.algo, run.world
     policy = state.policy
+    assert run.train_module is not None  # set by setup for every world size
     B = batch.input_ids.shape[0]
     sums: dict[str, float] = {}
     ratio_max = 0.0
@@ -740,7 +740,7 @@ def update_phase(
         for m in range(a.minibatches):
             state.optimizer.zero_grad(set_to_none=True)
             stats = minibatch_backward(
-                run.train_module if run.train_module is not None else policy,
+                run.train_module,
                 batch,
                 perm[m * mb_size : (m + 1) * mb_size],
                 a,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from keelrl.config import load_config
-from keelrl.ray_pool import ScorerPool, ScorerPoolError, task_factory
+from keelrl.ray_pool import RayPoolError, ScorerPool, task_factory
 from keelrl.tasks import Task, get_task
 from keelrl.tasks.base import Score, score_safely
 from keelrl.trainer import train
@@ -130,7 +130,7 @@ def test_actor_dying_every_time_fails_after_the_retries(local_ray, tmp_path: Pat
     deaths = tmp_path / "deaths"
     pool = ScorerPool(functools.partial(DyingTask, str(deaths), 100), workers=1, max_retries=1)
     try:
-        with pytest.raises(ScorerPoolError, match=r"2 times \(distributed.ray_max_retries=1\)"):
+        with pytest.raises(RayPoolError, match=r"2 times \(distributed.ray_max_retries=1\)"):
             pool.score(problems, completions)
     finally:
         pool.shutdown()
