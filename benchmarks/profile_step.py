@@ -5,7 +5,9 @@
 Runs the keelrl side of vs_trl.py (same model, prompts, reward and config) for one warm-up step, then
 `--steps` steps under cProfile with a CPU-time clock (process time), so other work on the machine
 disturbs the attribution less than a wall clock would. Prints per-phase CPU seconds per step (sampling,
-update, the rest) and the functions with the most own CPU time.
+update, the rest) and the functions with the most own CPU time. `--torch-profiler` instead runs one more
+warm-up step and then one step under torch.profiler, listing operators and, with train.compile, inductor's
+compiled kernels by name.
 """
 
 from __future__ import annotations
@@ -35,9 +37,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--set", action="append", default=[], help="keelrl config override, KEY=VALUE")
+    p.add_argument(
+        "--torch-profiler",
+        action="store_true",
+        help="instead of cProfile: torch.profiler over one step, operators and compiled kernels by own CPU time",
+    )
     p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "keelrl_vs_trl_models"))
     a = p.parse_args(argv)
     from keelrl import trainer
+
+    if a.torch_profiler:  # name inductor's C++ kernels in the profile; read at compile time, so set first
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True
 
     base = SHAPES[a.shape]
     shape = Shape(**{**base.__dict__, "steps": a.steps + 1, "warmup": 0})
@@ -52,6 +64,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(a.threads)
         run, state = keelrl_setup(spec)
         trainer.train_step(run, state)  # warm-up
+        if a.torch_profiler:
+            trainer.train_step(run, state)  # a second warm-up: compilation may need two steps' shapes
+            print_torch_profile(lambda: trainer.train_step(run, state), a.top)
+            return
         phases = {"sample_phase": 0.0, "update_phase": 0.0}
         originals = {name: getattr(trainer, name) for name in phases}
 
@@ -86,6 +102,15 @@ def main(argv: list[str] | None = None) -> None:
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(a.top)
     text = out.getvalue()
     print(text[text.index("   ncalls") :].rstrip())
+
+
+def print_torch_profile(step: Callable[[], Any], top: int) -> None:
+    """One call of `step` under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ have realistic lengths), compares:
 - `packed`: every row concatenated into one sequence with position ids restarting per row and no padding;
   transformers turns that into a block-diagonal mask, which SDPA on CPU applies densely (quadratic in
   the packed length), so it is measured to show whether packing pays on this machine;
-- `shared_prefix_bf16`: the default under train.autocast = "bf16".
+- `shared_prefix_bf16`: the default under train.autocast = "bf16";
+- with `--fast`, also keelrl's fastest CPU settings (bf16 autocast, model.attn_implementation = "eager",
+  train.compile) on a second copy of the model: its times (after compiling) and its log-prob gaps.
 Times are CPU seconds (process time, best of `--repeats`), so other work on the machine disturbs them
 less than wall time. Log-prob gaps are max/mean |difference| over the completion tokens against the fp32
 padded forward; `sampler_vs_trainer_*` compares the sampler's log-probs with the trainer's on the same tokens
@@ -48,7 +50,7 @@ def gaps(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> dict[str, floa
     return {"max_abs": float(d.max()), "mean_abs": float(d.sum() / mask.sum())}
 
 
-def measure(shape_name: str, cache_dir: Path, repeats: int) -> dict[str, Any]:
+def measure(shape_name: str, cache_dir: Path, repeats: int, fast: bool) -> dict[str, Any]:
     from keelrl.algo.logprobs import completion_logprobs
     from keelrl.models import load_local_dir
     from keelrl.rollout import HFSampler, Rollout, SamplingSettings
@@ -143,7 +145,7 @@ def measure(shape_name: str, cache_dir: Path, repeats: int) -> dict[str, Any]:
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         bf16_trainer, _ = completion_logprobs(model, bb.input_ids, bb.attention_mask, bb.target_mask, 1.0)
     padded_tokens = int(b.input_ids.numel())
-    return {
+    out: dict[str, Any] = {
         "shape": shape_name,
         "rows": len(prompts),
         "distinct_prompts": n_prompts,
@@ -165,6 +167,73 @@ def measure(shape_name: str, cache_dir: Path, repeats: int) -> dict[str, Any]:
         "sampler_vs_trainer_fp32": gaps(ref, b.sampler_logprobs, mask),
         "sampler_vs_trainer_bf16": gaps(bf16_trainer, bb.sampler_logprobs, bb.target_mask),
     }
+    if fast:
+        out["fast"] = measure_fast(model_dir, prompts, seeds, settings, b, ref, repeats)
+    return out
+
+
+def measure_fast(
+    model_dir: Path,
+    prompts: list[list[int]],
+    seeds: list[int],
+    settings: Any,
+    b: Any,
+    ref: torch.Tensor,
+    repeats: int,
+) -> dict[str, Any]:
+    """keelrl's fastest CPU settings on a fresh copy of the model: bf16 autocast, eager attention, compiled
+    decoder. `ref` is the fp32 padded forward's log-probs of batch `b`."""
+    from keelrl.algo.logprobs import completion_logprobs
+    from keelrl.models import compile_decoder, load_local_dir
+    from keelrl.rollout import HFSampler, Rollout
+    from keelrl.trainer import collate
+
+    model, tok = load_local_dir(model_dir, "float32", False, attn_implementation="eager")
+    compile_decoder(model)
+    mask = b.target_mask
+
+    def sample() -> list[Any]:
+        return HFSampler(model, tok, autocast="bf16").generate(prompts, settings, seeds)
+
+    def logprobs(batch: Any) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lp, _ = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.target_mask, 1.0)
+        return lp
+
+    def fwd_bwd() -> None:
+        model.zero_grad(set_to_none=True)
+        (logprobs(b) * mask).sum().backward()
+
+    t0 = time.perf_counter()
+    fwd_bwd()
+    gens = sample()
+    compile_s = time.perf_counter() - t0
+    rollouts = [
+        Rollout(
+            i,
+            {},
+            0,
+            p,
+            g.completion_ids,
+            g.logprobs,
+            [1] * len(g.completion_ids),
+            g.finish_reason,
+            0,
+            settings,
+        )
+        for i, (p, g) in enumerate(zip(prompts, gens))
+    ]
+    fb = collate(rollouts, tok.pad_token_id, torch.device("cpu"))
+    with torch.no_grad():
+        fast_lp, fast_trainer = logprobs(b), logprobs(fb)
+    return {
+        "settings": "train.autocast='bf16', model.attn_implementation='eager', train.compile=true",
+        "first_calls_wall_s": compile_s,  # one fwd+bwd and one sampling batch, compiling included
+        "fwd_bwd_cpu_s": cpu_best(fwd_bwd, repeats),
+        "sampler_cpu_s": cpu_best(sample, repeats),
+        "logprob_gap_vs_fp32_padded": gaps(fast_lp, ref, mask),
+        "sampler_vs_trainer": gaps(fast_trainer, fb.sampler_logprobs, fb.target_mask),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,6 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--cache-dir", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "keelrl_vs_trl_models")
+    )
+    p.add_argument(
+        "--fast", action="store_true", help="also measure keelrl's fastest CPU settings (compiles)"
     )
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
@@ -186,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         "threads": a.threads,
         "torch": torch.__version__,
         "loadavg": os.getloadavg(),
-        "shapes": {name: measure(name, cache, a.repeats) for name in a.shapes.split(",")},
+        "shapes": {name: measure(name, cache, a.repeats, a.fast) for name in a.shapes.split(",")},
     }
     text = json.dumps(report, indent=2)
     print(text)

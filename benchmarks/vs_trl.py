@@ -333,7 +333,9 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
     shape = Shape(**spec["shape"])
     total = shape.warmup + shape.steps
     torch.manual_seed(spec["seed"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    variant = VARIANTS[spec["variant"]]
+    attn = {"attn_implementation": variant.trl_attn} if variant.trl_attn else {}
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32, **attn)
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -373,9 +375,10 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
         top_p=1.0,
         top_k=0,
         use_vllm=False,
-        bf16=spec["variant"] in ("bf16", "trl_defaults"),
+        bf16=variant.trl_bf16,
         fp16=False,
-        gradient_checkpointing=spec["variant"] == "trl_defaults",
+        gradient_checkpointing=variant.trl_gradient_checkpointing,
+        torch_compile=variant.trl_torch_compile,
         use_cpu=True,
         max_steps=total,
         logging_strategy="no",
@@ -535,6 +538,7 @@ def summarize(
         "timed_steps": n,
         "steps_per_s": n / t,
         "s_per_step": t / n,
+        "median_s_per_step": statistics.median(s["time_s"] for s in timed),
         "generated_tokens_per_s": gen_tok / t,
         "trained_tokens_per_s": train_tok / t,
         "gen_s_per_step": gen / n,
@@ -547,6 +551,10 @@ def summarize(
         "executed_train_gflop_per_s": exec_train / train_s / 1e9,
         "executed_step_gflop_per_s": (exec_train + exec_gen) / t / 1e9,
         "peak_rss_mb": max(r["peak_rss_mb"] for r in side_runs),
+        # untimed warm-up steps per run: include torch.compile's compilation where it is on
+        "warmup_s_per_run": [
+            round(sum(s["time_s"] for s in r["steps"][: shape.warmup]), 2) for r in side_runs
+        ],
         "cpu_s_per_run": [round(r["cpu_s"], 2) for r in side_runs],
         "prompt_ids_identical": all(r["prompt_ids_identical"] for r in side_runs),
         "reward_curve": [round(x, 4) for x in mean_curve],
@@ -586,10 +594,58 @@ def make_spec(
     }
 
 
+@dataclass(frozen=True)
+class Variant:
+    """The settings a variant changes on each side; everything else is the matched fp32 setup."""
+
+    means: str
+    keelrl: dict[str, Any] = field(default_factory=dict)  # keelrl config overrides
+    trl_bf16: bool = False  # GRPOConfig(bf16=...)
+    trl_gradient_checkpointing: bool = False
+    trl_torch_compile: bool = False
+    trl_attn: str = ""  # attn_implementation TRL's model is loaded with ("" = transformers' default)
+
+    def bf16(self, side: str) -> bool:
+        return self.trl_bf16 if side == "trl" else self.keelrl.get("train", {}).get("autocast") == "bf16"
+
+
+KEELRL_FAST = {"train": {"autocast": "bf16", "compile": True}, "model": {"attn_implementation": "eager"}}
 VARIANTS = {
-    "fp32": "both sides fp32 (the matched comparison)",
-    "bf16": "both sides under bf16 autocast (keelrl train.autocast='bf16', TRL bf16=True)",
-    "trl_defaults": "keelrl fp32 vs TRL with its shipped bf16 autocast and gradient checkpointing left on",
+    "fp32": Variant("both sides fp32 (the matched comparison)"),
+    "bf16": Variant(
+        "both sides under bf16 autocast (keelrl train.autocast='bf16', TRL bf16=True)",
+        keelrl={"train": {"autocast": "bf16"}},
+        trl_bf16=True,
+    ),
+    "trl_defaults": Variant(
+        "keelrl fp32 vs TRL with its shipped bf16 autocast and gradient checkpointing left on",
+        trl_bf16=True,
+        trl_gradient_checkpointing=True,
+    ),
+    "fast_vs_trl_defaults": Variant(
+        "keelrl at its fastest CPU settings (train.autocast='bf16', train.compile, model.attn_implementation="
+        "'eager') vs TRL as shipped (bf16 autocast and gradient checkpointing on)",
+        keelrl=KEELRL_FAST,
+        trl_bf16=True,
+        trl_gradient_checkpointing=True,
+    ),
+    "fast_vs_fp32": Variant(
+        "keelrl at its fastest CPU settings vs TRL in fp32 (the matched setup's TRL side)", keelrl=KEELRL_FAST
+    ),
+    "fast": Variant(
+        "both sides tuned with the same levers short of compilation: keelrl bf16 autocast + compile + eager "
+        "attention, TRL bf16 autocast + eager attention, no gradient checkpointing",
+        keelrl=KEELRL_FAST,
+        trl_bf16=True,
+        trl_attn="eager",
+    ),
+    "fast_compiled": Variant(
+        "both sides with every lever: as 'fast', plus TRL's torch_compile=True",
+        keelrl=KEELRL_FAST,
+        trl_bf16=True,
+        trl_attn="eager",
+        trl_torch_compile=True,
+    ),
 }
 
 
@@ -606,7 +662,7 @@ def bench_shape(
     total = shape.warmup + shape.steps
     rows = prompt_rows(shape, model_dir, total)
     params = param_counts(model_dir)
-    overrides = deep_merge(keelrl_overrides, {"train": {"autocast": "bf16"}} if variant == "bf16" else {})
+    overrides = deep_merge(keelrl_overrides, VARIANTS[variant].keelrl)
     runs: dict[str, list[dict[str, Any]]] = {"keelrl": [], "trl": []}
     order = []
     for r in range(rounds):
@@ -629,7 +685,7 @@ def bench_shape(
     out: dict[str, Any] = {
         "shape": asdict(shape),
         "variant": variant,
-        "variant_means": VARIANTS[variant],
+        "variant_means": VARIANTS[variant].means,
         "parameters": params,
         "prompt_tokens_mean": statistics.fmean(len(r["ids"]) for r in rows),
         "order": order,
@@ -664,7 +720,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--variants",
         default="fp32",
-        help="comma-separated, run per shape: " + "; ".join(f"{k}: {v}" for k, v in VARIANTS.items()),
+        help="comma-separated, run per shape: " + "; ".join(f"{k}: {v.means}" for k, v in VARIANTS.items()),
     )
     p.add_argument("--out", default="", help="also write the JSON here")
     p.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -694,7 +750,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in results.values():
         for side in ("keelrl", "trl"):
             s = r[side]
-            bf16 = r["variant"] == "bf16" or (side == "trl" and r["variant"] == "trl_defaults")
+            bf16 = VARIANTS[r["variant"]].bf16(side)
             p_ = peak["bf16" if bf16 else "fp32"]
             s["peak_used"] = "bf16" if bf16 else "fp32"
             s["mfu_train"] = s["train_gflop_per_s"] / p_

@@ -71,6 +71,14 @@ class ModelConfig(Section):
     trust_remote_code: bool = Field(
         False, description="Allow model code from the hub (transformers' trust_remote_code)."
     )
+    attn_implementation: str = Field(
+        "auto",
+        description=(
+            "Attention kernel, as transformers names it ('eager', 'sdpa', 'flash_attention_2', ...); 'auto' keeps "
+            "transformers' choice (sdpa where available). On CPU with short sequences 'eager' is faster, most of all "
+            "under bf16 and train.compile: SDPA's CPU flash-attention backward dominates there (docs/throughput.md)."
+        ),
+    )
 
 
 class TaskConfig(Section):
@@ -217,6 +225,15 @@ class TrainConfig(Section):
             "gradients, optimizer state and the log-softmax stay fp32. Faster on CPUs with AVX-512 BF16 / AMX and "
             "on GPUs, at a measured cost in log-prob accuracy (docs/throughput.md). The sampler's and the trainer's "
             "bf16 log-probs differ more than fp32 ones: pair it with algo.old_logprobs = 'recompute' or algo.tis_cap."
+        ),
+    )
+    compile: bool = Field(
+        False,
+        description=(
+            "torch.compile the policy's decoder (dynamic shapes; sampling, log-probs and the update all run through "
+            "it). Fuses the element-wise work between the matmuls; on CPU it needs a C++ compiler. The first step "
+            "pays the compilation (measured 30 s to 3 min for the tiny benchmark model on 2 cores; cached on disk "
+            "by inductor for later runs), so it pays on long runs. Single process only (world size 1)."
         ),
     )
 

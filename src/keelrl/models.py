@@ -68,7 +68,9 @@ def is_char_tokenizer(tokenizer: PreTrainedTokenizerBase) -> bool:
     return tokenizer.eos_token == CHAR_EOS and len(tokenizer) == len(CHAR_ALPHABET) + 2
 
 
-def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, eos_id: int) -> PreTrainedModel:
+def build_tiny_model(
+    cfg: TinyModelConfig, vocab_size: int, eos_id: int, attn_implementation: str = "auto"
+) -> PreTrainedModel:
     """A randomly initialised Llama or Qwen2 decoder; the weights depend only on `cfg.init_seed`."""
     common = dict(
         vocab_size=vocab_size,
@@ -93,7 +95,7 @@ def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, eos_id: int) -> PreT
         hf_config = Qwen2Config(**common)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
-        model = AutoModelForCausalLM.from_config(hf_config)
+        model = AutoModelForCausalLM.from_config(hf_config, **_attn_kwargs(attn_implementation))
     return model
 
 
@@ -118,26 +120,36 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
+def _attn_kwargs(attn_implementation: str) -> dict[str, str]:
+    """transformers' `attn_implementation` argument, left out for "auto" (transformers' own choice)."""
+    return {} if attn_implementation == "auto" else {"attn_implementation": attn_implementation}
+
+
 def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (model, tokenizer) as `cfg.path` says. The model is in eval mode on CPU; the caller moves it."""
-    path = cfg.path
+    path, attn = cfg.path, cfg.attn_implementation
     if path == "tiny":
         tokenizer = build_char_tokenizer()
-        model = build_tiny_model(cfg.tiny, len(tokenizer), tokenizer.eos_token_id)
+        try:
+            model = build_tiny_model(cfg.tiny, len(tokenizer), tokenizer.eos_token_id, attn)
+        except (ValueError, ImportError) as err:
+            raise ModelLoadError(f"could not build the tiny model: {err}") from None
         return model.to(_dtype(cfg.dtype)).eval(), tokenizer
     if path == "smollm2":
-        return load_gguf(smollm2_gguf_path(), cfg.dtype)
+        return load_gguf(smollm2_gguf_path(), cfg.dtype, attn)
     p = Path(path).expanduser()
     if p.suffix == ".gguf":
         if not p.is_file():
             raise ModelLoadError(f"model file {p} does not exist. Give the path of an existing .gguf file.")
-        return load_gguf(p, cfg.dtype)
+        return load_gguf(p, cfg.dtype, attn)
     if p.exists() or path.startswith((".", "/", "~")):
-        return load_local_dir(p, cfg.dtype, cfg.trust_remote_code)
-    return load_hub(path, cfg.dtype, cfg.trust_remote_code)
+        return load_local_dir(p, cfg.dtype, cfg.trust_remote_code, attn)
+    return load_hub(path, cfg.dtype, cfg.trust_remote_code, attn)
 
 
-def load_gguf(path: Path, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_gguf(
+    path: Path, dtype: str, attn_implementation: str = "auto"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
         import gguf  # noqa: F401
     except ImportError:
@@ -146,8 +158,10 @@ def load_gguf(path: Path, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokeni
         ) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=_dtype(dtype))
-    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=_dtype(dtype), **_attn_kwargs(attn_implementation)
+        )
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as err:
         raise ModelLoadError(
             f"could not read the GGUF file {path}: {err}. transformers dequantises GGUF files of the architectures "
             "it knows (llama, qwen2, mistral, ...); check that the file is complete and of such an architecture."
@@ -162,7 +176,7 @@ def load_gguf(path: Path, dtype: str) -> tuple[PreTrainedModel, PreTrainedTokeni
 
 
 def load_local_dir(
-    path: Path, dtype: str, trust_remote_code: bool
+    path: Path, dtype: str, trust_remote_code: bool, attn_implementation: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if not path.exists():
         raise ModelLoadError(
@@ -178,21 +192,27 @@ def load_local_dir(
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            resolved, dtype=_dtype(dtype), trust_remote_code=trust_remote_code
+            resolved,
+            dtype=_dtype(dtype),
+            trust_remote_code=trust_remote_code,
+            **_attn_kwargs(attn_implementation),
         )
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, ImportError) as err:
         raise ModelLoadError(f"could not load the model in {path}: {err}") from None
     return model.eval(), _ensure_pad(tokenizer)
 
 
 def load_hub(
-    name: str, dtype: str, trust_remote_code: bool
+    name: str, dtype: str, trust_remote_code: bool, attn_implementation: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
         AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=_dtype(dtype), trust_remote_code=trust_remote_code
+            name,
+            dtype=_dtype(dtype),
+            trust_remote_code=trust_remote_code,
+            **_attn_kwargs(attn_implementation),
         )
     except (OSError, ValueError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -210,6 +230,15 @@ def _ensure_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def compile_decoder(model: PreTrainedModel) -> None:
+    """torch.compile the model's decoder in place (train.compile). In place (`Module.compile`) keeps the
+    parameter names and the module tree, so checkpoints, state dicts and the sampler are unchanged; dynamic
+    shapes keep a new batch or sequence length from triggering a recompile. The head stays eager: keelrl runs
+    it only on the positions it scores."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    (decoder if isinstance(decoder, torch.nn.Module) else model).compile(dynamic=True)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -74,7 +74,7 @@ from keelrl.distributed import (
 from keelrl.evaluate import run_eval, summarize
 from keelrl.faults import FaultInjector
 from keelrl.guards import Finding, Guardian, check_update
-from keelrl.models import load_policy, model_summary, save_hf_dir
+from keelrl.models import compile_decoder, load_policy, model_summary, save_hf_dir
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, Sink, TensorBoardSink, WandbSink, tensorboard_available
 from keelrl.monitor.traces import is_repetitive
@@ -217,9 +217,16 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     for setting in ("scorer", "sampler"):  # a missing Ray fails before the model loads; pools start last
         if getattr(cfg.distributed, setting) == "ray":
             import_ray(f"distributed.{setting}")
+    if cfg.train.compile and world.world_size > 1:
+        raise ValueError(
+            f"train.compile is for a single process; this run has {world.world_size} ranks. Turn it off "
+            "(DDP / FSDP2 with a compiled decoder is not tested in keelrl yet)."
+        )
     policy, tokenizer = load_policy(cfg.model)
     policy.to(world.device)
     policy.eval()  # dropout off: see module docstring
+    if cfg.train.compile:
+        compile_decoder(policy)
     template = resolve_template(cfg.task.template, tokenizer)
     run_dir = RunDir(run_path, writer=world.is_writer)  # created only once the inputs are known to be good
     sharded = world.world_size > 1 and cfg.distributed.strategy == "fsdp2"
@@ -232,6 +239,8 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     if cfg.algo.kl_coef > 0:
         ref, _ = load_policy(cfg.model)
         ref.to(world.device).eval().requires_grad_(False)
+        if cfg.train.compile:
+            compile_decoder(ref)
     state = TrainState(step=0, policy=policy, optimizer=optimizer, scheduler=scheduler, ref_policy=ref)
     source = make_source(task, cfg.curriculum, cfg.train.seed)
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from keelrl.algo.logprobs import completion_logprobs, plan_prefix_sharing
-from keelrl.config import AlgoConfig
+from keelrl.config import AlgoConfig, TinyModelConfig
 from keelrl.distributed import World
+from keelrl.models import build_tiny_model, compile_decoder
 from keelrl.rollout import HFSampler, Rollout, SamplingSettings
 from keelrl.trainer import collate, forward_logprobs, micro_batches, minibatch_backward
 
@@ -186,3 +187,50 @@ def test_bf16_autocast_is_close_to_fp32(tiny_model, char_tokenizer) -> None:
     )
     assert all(len(g.completion_ids) == len(g.logprobs) > 0 for g in gens)
     assert all(lp <= 0.0 for g in gens for lp in g.logprobs)
+
+
+def test_eager_attention_equals_sdpa(char_tokenizer) -> None:
+    """model.attn_implementation picks the kernel, not the maths: log-probs, gradients and samples agree."""
+    cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, max_positions=128, init_seed=3)
+    eos = char_tokenizer.eos_token_id
+    models = {a: build_tiny_model(cfg, len(char_tokenizer), eos, a).eval() for a in ("sdpa", "eager")}
+    assert {a: m.config._attn_implementation for a, m in models.items()} == {"sdpa": "sdpa", "eager": "eager"}
+    batch = collate(
+        _rollouts(models["sdpa"], char_tokenizer, seed=2), char_tokenizer.pad_token_id, torch.device("cpu")
+    )
+    batch.old_logprobs = batch.sampler_logprobs
+    out = {a: _grads(m, batch, 8, share=True) for a, m in models.items()}
+    assert out["eager"][0] == pytest.approx(out["sdpa"][0], abs=1e-6)
+    assert all(torch.allclose(a, c, atol=1e-6, rtol=0) for a, c in zip(out["eager"][1], out["sdpa"][1]))
+    prompts, seeds = _prompts(char_tokenizer), list(range(16))
+    sdpa, eager = (HFSampler(models[a], char_tokenizer).generate(prompts, SETTINGS, seeds) for a in models)
+    assert [g.completion_ids for g in eager] == [g.completion_ids for g in sdpa]
+
+
+@pytest.mark.slow
+def test_compiled_decoder_matches_eager(tiny_model, char_tokenizer) -> None:
+    """train.compile changes the kernels, not the maths: the compiled policy samples the same tokens and
+    computes the same log-probs, loss and gradients as the eager one (float rounding apart), through the
+    sampler's static cache, the shared-prefix update and the plain padded forward."""
+    compiled = copy.deepcopy(tiny_model)
+    compile_decoder(compiled)
+    prompts, seeds = _prompts(char_tokenizer), list(range(16))
+    gens = {
+        name: HFSampler(m, char_tokenizer).generate(prompts, SETTINGS, seeds)
+        for name, m in (("eager", tiny_model), ("compiled", compiled))
+    }
+    assert [g.completion_ids for g in gens["compiled"]] == [g.completion_ids for g in gens["eager"]]
+    gap = max(
+        abs(x - y) for a, b in zip(gens["compiled"], gens["eager"]) for x, y in zip(a.logprobs, b.logprobs)
+    )
+    assert gap <= 1e-4
+    batch = collate(
+        _rollouts(tiny_model, char_tokenizer, seed=1), char_tokenizer.pad_token_id, torch.device("cpu")
+    )
+    batch.old_logprobs = batch.sampler_logprobs
+    for share in (True, False):
+        loss, grad = _grads(compiled, batch, 8, share=share)
+        ref_loss, ref_grad = _grads(copy.deepcopy(tiny_model), batch, 8, share=share)
+        assert loss == pytest.approx(ref_loss, abs=1e-5), share
+        assert all(torch.allclose(a, c, atol=1e-5, rtol=1e-4) for a, c in zip(grad, ref_grad)), share
+        assert any(float(g.abs().max()) > 1e-4 for g in grad)

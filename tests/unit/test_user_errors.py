@@ -49,6 +49,24 @@ def test_missing_model_path(tmp_path: Path, capsys) -> None:
         load_policy(ModelConfig(path=str(bad)))
 
 
+def test_unknown_attention_kernel(tmp_path: Path, tiny_model_dir: Path, capsys) -> None:
+    code, err = _run(
+        [
+            "train",
+            "configs/smoke.toml",
+            "--set",
+            'model.attn_implementation="flash"',
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        capsys,
+    )
+    assert code == 2 and "could not build the tiny model" in err and '"flash"' in err and "sdpa" in err
+    assert "Traceback" not in err
+    with pytest.raises(ModelLoadError, match=r"could not load the model in .*\"flash\""):
+        load_policy(ModelConfig(path=str(tiny_model_dir), attn_implementation="flash"))
+
+
 def test_unknown_task(tmp_path: Path, capsys) -> None:
     code, err = _run(
         ["train", "configs/smoke.toml", "--set", 'task.name="countdwn"', "--run-dir", str(tmp_path / "r")],
