@@ -50,10 +50,31 @@ def gaps(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> dict[str, floa
     return {"max_abs": float(d.max()), "mean_abs": float(d.sum() / mask.sum())}
 
 
+def as_rollouts(prompts: list[list[int]], gens: list[Any], settings: Any, group_size: int) -> list[Any]:
+    """Sampled generations as the Rollouts `collate` turns into a training batch."""
+    from keelrl.rollout import Rollout
+
+    return [
+        Rollout(
+            i,
+            {},
+            i // group_size,
+            p,
+            g.completion_ids,
+            g.logprobs,
+            [1] * len(g.completion_ids),
+            g.finish_reason,
+            0,
+            settings,
+        )
+        for i, (p, g) in enumerate(zip(prompts, gens))
+    ]
+
+
 def measure(shape_name: str, cache_dir: Path, repeats: int, fast: bool) -> dict[str, Any]:
     from keelrl.algo.logprobs import completion_logprobs
     from keelrl.models import load_local_dir
-    from keelrl.rollout import HFSampler, Rollout, SamplingSettings
+    from keelrl.rollout import HFSampler, SamplingSettings
     from keelrl.trainer import collate
 
     shape = SHAPES[shape_name]
@@ -69,21 +90,7 @@ def measure(shape_name: str, cache_dir: Path, repeats: int, fast: bool) -> dict[
         return HFSampler(model, tok, **kw).generate(prompts, settings, seeds)
 
     gens = sample()
-    rollouts = [
-        Rollout(
-            i,
-            {},
-            i // shape.group_size,
-            p,
-            g.completion_ids,
-            g.logprobs,
-            [1] * len(g.completion_ids),
-            g.finish_reason,
-            0,
-            settings,
-        )
-        for i, (p, g) in enumerate(zip(prompts, gens))
-    ]
+    rollouts = as_rollouts(prompts, gens, settings, shape.group_size)
     b = collate(rollouts, tok.pad_token_id, torch.device("cpu"))
     mask = b.target_mask
 
@@ -126,21 +133,7 @@ def measure(shape_name: str, cache_dir: Path, repeats: int, fast: bool) -> dict[
             "padded_bf16": logprobs(False, bf16=True),
         }
         bf16_gens = sample(autocast="bf16")
-    bf16_rollouts = [
-        Rollout(
-            i,
-            {},
-            0,
-            p,
-            g.completion_ids,
-            g.logprobs,
-            [1] * len(g.completion_ids),
-            g.finish_reason,
-            0,
-            settings,
-        )
-        for i, (p, g) in enumerate(zip(prompts, bf16_gens))
-    ]
+    bf16_rollouts = as_rollouts(prompts, bf16_gens, settings, shape.group_size)
     bb = collate(bf16_rollouts, tok.pad_token_id, torch.device("cpu"))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         bf16_trainer, _ = completion_logprobs(model, bb.input_ids, bb.attention_mask, bb.target_mask, 1.0)
@@ -168,7 +161,7 @@ def measure(shape_name: str, cache_dir: Path, repeats: int, fast: bool) -> dict[
         "sampler_vs_trainer_bf16": gaps(bf16_trainer, bb.sampler_logprobs, bb.target_mask),
     }
     if fast:
-        out["fast"] = measure_fast(model_dir, prompts, seeds, settings, b, ref, repeats)
+        out["fast"] = measure_fast(model_dir, prompts, seeds, settings, shape.group_size, b, ref, repeats)
     return out
 
 
@@ -177,6 +170,7 @@ def measure_fast(
     prompts: list[list[int]],
     seeds: list[int],
     settings: Any,
+    group_size: int,
     b: Any,
     ref: torch.Tensor,
     repeats: int,
@@ -185,7 +179,7 @@ def measure_fast(
     decoder. `ref` is the fp32 padded forward's log-probs of batch `b`."""
     from keelrl.algo.logprobs import completion_logprobs
     from keelrl.models import compile_decoder, load_local_dir
-    from keelrl.rollout import HFSampler, Rollout
+    from keelrl.rollout import HFSampler
     from keelrl.trainer import collate
 
     model, tok = load_local_dir(model_dir, "float32", False, attn_implementation="eager")
@@ -208,22 +202,7 @@ def measure_fast(
     fwd_bwd()
     gens = sample()
     compile_s = time.perf_counter() - t0
-    rollouts = [
-        Rollout(
-            i,
-            {},
-            0,
-            p,
-            g.completion_ids,
-            g.logprobs,
-            [1] * len(g.completion_ids),
-            g.finish_reason,
-            0,
-            settings,
-        )
-        for i, (p, g) in enumerate(zip(prompts, gens))
-    ]
-    fb = collate(rollouts, tok.pad_token_id, torch.device("cpu"))
+    fb = collate(as_rollouts(prompts, gens, settings, group_size), tok.pad_token_id, torch.device("cpu"))
     with torch.no_grad():
         fast_lp, fast_trainer = logprobs(b), logprobs(fb)
     return {
