@@ -309,6 +309,21 @@ def find_resumable(
     return None, skipped
 
 
+class WeightsMismatch(ValueError):
+    """A state dict does not fit the model it is loaded into; the message lists the names."""
+
+
+def load_untied(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy `weights` (a state dict without tied duplicates, as `untied_state_dict` makes) into `model` and
+    re-tie. Every tensor but the tied copies must be there, and nothing else: WeightsMismatch otherwise."""
+    tied = set(model.state_dict()) - set(untied_state_dict(model))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected or set(missing) - tied:
+        raise WeightsMismatch(f"missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+
 def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler, RNG and counters from checkpoint `path`. Returns state.json."""
     policy = train_state.policy
@@ -328,14 +343,10 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
         )
     device = next(policy.parameters()).device
     weights = load_file(str(path / WEIGHTS), device=str(device))
-    missing, unexpected = policy.load_state_dict(weights, strict=False)
-    tied = {k for k, v in policy.state_dict().items() if k not in weights}
-    if unexpected or set(missing) - tied:
-        raise CheckpointError(
-            f"{path} does not fit the policy: missing {sorted(set(missing) - tied)}, unexpected {unexpected}"
-        )
-    if hasattr(policy, "tie_weights"):
-        policy.tie_weights()
+    try:
+        load_untied(policy, weights)
+    except WeightsMismatch as err:
+        raise CheckpointError(f"{path} does not fit the policy: {err}") from None
     train_state.optimizer.load_state_dict(trainer["optimizer"])
     return _restore_rest(path, train_state, trainer)
 

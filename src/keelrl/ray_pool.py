@@ -355,23 +355,6 @@ class ScorerPool:
 # ------------------------------------------------------------------------------------------------ sampling
 
 
-def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Copy `weights` (a state dict without tied duplicates, as `untied_state_dict` makes) into `model` and
-    re-tie: every tensor but the tied copies must be there."""
-    from keelrl.checkpoint import untied_state_dict
-
-    tied = set(model.state_dict()) - set(untied_state_dict(model))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or set(missing) - tied:
-        raise RayPoolError(
-            f"the weights sent to a sampling actor do not fit its model: missing {sorted(set(missing) - tied)}, "
-            f"unexpected {sorted(unexpected)}. The actors build the policy from model.path; the trained policy "
-            "must have the same architecture."
-        )
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
-
-
 def group_chunks(prompts: list[list[int]], order: list[int], parts: int) -> list[list[int]]:
     """Cut `order` (row indices, identical prompts adjacent) into about `parts` runs of similar size, never
     between two rows with the same prompt (a group stays together and shares its prefill)."""
@@ -405,8 +388,16 @@ class SamplingWorker:
         return os.getpid()
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        from keelrl.checkpoint import WeightsMismatch, load_untied
+
         self.version = None
-        load_weights(self.sampler.model, weights)
+        try:
+            load_untied(self.sampler.model, weights)
+        except WeightsMismatch as err:
+            raise RayPoolError(
+                f"the weights sent to a sampling actor do not fit its model: {err}. The actors build the policy "
+                "from model.path; the trained policy must have the same architecture."
+            ) from None
         self.sampler.sync_weights(self.sampler.model, version)
         self.version = version
 
