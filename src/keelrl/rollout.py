@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from keelrl.algo.logprobs import Autocast, autocast_context, supports_prefix_sharing
+from keelrl.algo.logprobs import Autocast, autocast_context, select_cache_rows, supports_prefix_sharing
 from keelrl.supervisor import pulse
 from keelrl.tasks.base import Prompt, Template
 
@@ -306,7 +306,7 @@ class HFSampler:
         rows = torch.tensor(src, dtype=torch.long, device=device)  # [B] distinct prompt of each row
         if U != B or src != list(range(B)):
             logits, next_pos, attn = logits[rows], next_pos[rows], attn[rows]
-            _select_rows(cache, rows)
+            select_cache_rows(cache, rows)
 
         stop = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
         tokens = torch.full((B, N), self.pad_id, dtype=torch.long, device=device)  # [B, N]
@@ -339,7 +339,7 @@ class HFSampler:
                     attn[keep],
                     done[keep],
                 )
-                _select_rows(cache, keep)
+                select_cache_rows(cache, keep)
             out = model(
                 input_ids=tok[:, None],
                 attention_mask=attn if static else attn[:, : P + t + 1],
@@ -370,19 +370,6 @@ def _new_cache(model: PreTrainedModel, max_len: int) -> Any:
         return StaticCache(config=model.config, max_cache_len=max_len)
     except TypeError:  # transformers < 4.56 wants the batch size up front: let the model grow its own cache
         return None
-
-
-def _select_rows(cache: Any, rows: torch.Tensor) -> None:
-    """Keep (or repeat) batch rows `rows` [b'] of every layer of the cache, in that order."""
-    if not hasattr(cache, "layers"):  # transformers < 4.56
-        cache.batch_select_indices(rows)
-        return
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False):
-            layer.keys = layer.keys[rows]
-            layer.values = layer.values[rows]
-            if hasattr(layer, "batch_size"):
-                layer.batch_size = int(rows.numel())
 
 
 def _cache_argument(model: PreTrainedModel) -> str:

@@ -1,5 +1,6 @@
 """The throughput paths compute what the plain paths compute: prefix sharing (sampler and update), the
-sampler's in-place cache and lazy row dropping, and bf16 autocast (close to fp32, not equal)."""
+sampler's in-place cache and lazy row dropping, the padded head rows, and bf16 autocast (close to fp32, not
+equal)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from keelrl.algo.logprobs import completion_logprobs, plan_prefix_sharing
+from keelrl.algo.logprobs import completion_logprobs, padded_row_count, plan_prefix_sharing, scored_logits
 from keelrl.config import AlgoConfig, TinyModelConfig
 from keelrl.distributed import World
 from keelrl.models import build_tiny_model, compile_decoder
@@ -187,6 +188,40 @@ def test_bf16_autocast_is_close_to_fp32(tiny_model, char_tokenizer) -> None:
     )
     assert all(len(g.completion_ids) == len(g.logprobs) > 0 for g in gens)
     assert all(lp <= 0.0 for g in gens for lp in g.logprobs)
+
+
+def test_padded_row_count_worked_numbers() -> None:
+    # below 32 nothing is padded; from there on, steps of 2 ** (bit_length - 5): 16 sizes per power of two
+    assert [padded_row_count(n) for n in (0, 1, 31, 32, 33, 63, 64, 65)] == [0, 1, 31, 32, 34, 64, 64, 68]
+    assert [padded_row_count(n) for n in (990, 1015, 1024, 1025)] == [992, 1024, 1024, 1088]
+    for n in range(1, 5000):
+        assert n <= padded_row_count(n) < n + max(1, n / 16)
+
+
+def test_padded_head_rows_change_no_logit_or_gradient(tiny_model) -> None:
+    """Under bf16 autocast on CPU the head runs on padded rows; the logits and the gradients that reach the
+    hidden states and the head are those of the scored rows alone."""
+    torch.manual_seed(0)
+    hidden = torch.randn(5, 13, tiny_model.config.hidden_size)
+    scored = torch.rand(5, 13) < 0.8
+    n = int(scored.sum())
+    assert padded_row_count(n) > n  # the test exercises the padding
+    weights = torch.randn(n, tiny_model.config.vocab_size)
+    head = tiny_model.get_output_embeddings()
+    results = []
+    for pad in (True, False):
+        h = hidden.clone().requires_grad_(True)
+        head.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = scored_logits(tiny_model, h, scored) if pad else head(h[scored])
+        assert logits.shape == (n, tiny_model.config.vocab_size)
+        (logits.float() * weights).sum().backward()
+        results.append((logits.float(), h.grad, head.weight.grad.clone()))
+    (lp, hp, wp), (lu, hu, wu) = results
+    torch.testing.assert_close(lp, lu, rtol=0, atol=0)
+    torch.testing.assert_close(hp, hu, rtol=0, atol=0)
+    assert bool((hp[~scored] == 0).all())
+    torch.testing.assert_close(wp, wu, rtol=1e-2, atol=1e-2)  # bf16 sums over other row counts
 
 
 def test_eager_attention_equals_sdpa(char_tokenizer) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel
@@ -57,6 +57,30 @@ def _head_is_plain(model: PreTrainedModel) -> bool:
     )
 
 
+def padded_row_count(n: int) -> int:
+    """n rounded up to a multiple of 2 ** (bit_length(n) - 5): sixteen sizes per power of two, padding under
+    1/16 of n."""
+    step = 1 << max(0, n.bit_length() - 5)
+    return -(-n // step) * step
+
+
+def scored_logits(model: PreTrainedModel, hidden: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """The output head on the scored positions only: hidden [B, S, H], scored [B, S] bool -> logits [N, V],
+    row-major.
+
+    For a bf16 matmul on CPU, oneDNN builds a kernel for every new shape, and the number of scored tokens
+    differs in nearly every micro-batch: a 98-token head took 3 ms forward and 14 ms backward at a new row
+    count against 0.8 and 2.2 ms at a repeated one. There the rows are padded to `padded_row_count` (row 0
+    repeated, its extra logits dropped), so the shapes repeat."""
+    head = model.get_output_embeddings()
+    index = scored.flatten().nonzero().squeeze(1)  # [N]
+    n = int(index.numel())
+    low_precision = torch.is_autocast_enabled("cpu") or head.weight.dtype in (torch.bfloat16, torch.float16)
+    if hidden.device.type == "cpu" and low_precision and padded_row_count(n) > n:
+        index = torch.cat([index, index.new_zeros(padded_row_count(n) - n)])
+    return head(hidden.flatten(0, 1).index_select(0, index))[:n]
+
+
 def _cache_kwarg(module: torch.nn.Module) -> str:
     """transformers 5 renames the KV-cache argument `past_key_values` -> `cache`."""
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
@@ -71,6 +95,23 @@ def supports_prefix_sharing(model: PreTrainedModel) -> bool:
     if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []):
         return False
     return bool(getattr(cfg, "use_cache", True)) and not getattr(cfg, "is_encoder_decoder", False)
+
+
+def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep (or repeat) batch rows `rows` [b'] of every layer of a transformers KV cache, in that order,
+    differentiably. `index_select` rather than the cache's own `batch_select_indices` (advanced indexing):
+    on CPU it copies the same rows about 8x faster (0.27 against 2.1 ms for one [32, 4, 31, 64] bf16 layer
+    repeated to 256 rows)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:  # transformers < 4.56
+        cache.batch_select_indices(rows)
+        return
+    for layer in layers:
+        if getattr(layer, "is_initialized", False):
+            layer.keys = layer.keys.index_select(0, rows)
+            layer.values = layer.values.index_select(0, rows)
+            if hasattr(layer, "batch_size"):
+                layer.batch_size = int(rows.numel())
 
 
 @dataclass
@@ -133,7 +174,7 @@ def _shared_prefix_forward(model: PreTrainedModel, plan: PrefixPlan, plain_head:
     kwarg = _cache_kwarg(body)
     out = body(input_ids=plan.prefix_ids, attention_mask=plan.prefix_mask, use_cache=True)
     cache = out.past_key_values
-    cache.batch_select_indices(plan.rows)  # each row gets (a differentiable copy of) its prefix's keys/values
+    select_cache_rows(cache, plan.rows)  # each row gets (a differentiable copy of) its prefix's keys/values
     attn = torch.cat([plan.prefix_mask[plan.rows], plan.suffix_mask], dim=1)  # [B, K + S]
     out = body(
         input_ids=plan.suffix_ids,
@@ -143,7 +184,7 @@ def _shared_prefix_forward(model: PreTrainedModel, plan: PrefixPlan, plain_head:
         **{kwarg: cache},
     )
     if plain_head:
-        return model.get_output_embeddings()(out.last_hidden_state[plan.suffix_scored])  # [N, V]
+        return scored_logits(model, out.last_hidden_state, plan.suffix_scored)  # [N, V]
     return out.logits[plan.suffix_scored]
 
 
@@ -173,7 +214,7 @@ def completion_logprobs(
         logits = _shared_prefix_forward(model, plan, plain)  # [N, V]
     elif plain:
         hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = model.get_output_embeddings()(hidden[pos])  # [N, V]
+        logits = scored_logits(model, hidden, pos)  # [N, V]
     else:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[pos]
     logp = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
