@@ -7,7 +7,7 @@ Runs the keelrl side of vs_trl.py (same model, prompts, reward and config) for o
 disturbs the attribution less than a wall clock would. Prints per-phase CPU seconds per step (sampling,
 update, the rest) and the functions with the most own CPU time. `--torch-profiler` instead runs one more
 warm-up step and then one step under torch.profiler, listing operators and, with train.compile, inductor's
-compiled kernels by name.
+compiled kernels by name; add `--by-shape` to list operators per input shape (which matmul shapes cost what).
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="instead of cProfile: torch.profiler over one step, operators and compiled kernels by own CPU time",
     )
+    p.add_argument(
+        "--by-shape", action="store_true", help="with --torch-profiler: group operators by input shape"
+    )
     p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "keelrl_vs_trl_models"))
     a = p.parse_args(argv)
     from keelrl import trainer
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         trainer.train_step(run, state)  # warm-up
         if a.torch_profiler:
             trainer.train_step(run, state)  # a second warm-up: compilation may need two steps' shapes
-            print_torch_profile(lambda: trainer.train_step(run, state), a.top)
+            print_torch_profile(lambda: trainer.train_step(run, state), a.top, a.by_shape)
             return
         phases = {"sample_phase": 0.0, "update_phase": 0.0}
         originals = {name: getattr(trainer, name) for name in phases}
@@ -104,13 +107,16 @@ def main(argv: list[str] | None = None) -> None:
     print(text[text.index("   ncalls") :].rstrip())
 
 
-def print_torch_profile(step: Callable[[], Any], top: int) -> None:
-    """One call of `step` under torch.profiler."""
+def print_torch_profile(step: Callable[[], Any], top: int, by_shape: bool = False) -> None:
+    """One call of `step` under torch.profiler; `by_shape` groups operators by their input shapes."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=by_shape) as prof:
         step()
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+    table = prof.key_averages(group_by_input_shape=by_shape).table(
+        sort_by="self_cpu_time_total", row_limit=top, max_shapes_column_width=60
+    )
+    print(table)
 
 
 if __name__ == "__main__":
