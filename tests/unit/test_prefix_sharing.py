@@ -201,22 +201,26 @@ def test_padded_row_count_worked_numbers() -> None:
 def test_padded_head_rows_change_no_logit_or_gradient(tiny_model) -> None:
     """Under bf16 autocast on CPU the head runs on padded rows; the logits and the gradients that reach the
     hidden states and the head are those of the scored rows alone."""
+    model = copy.deepcopy(tiny_model)  # gradients land on the head: keep the shared fixture clean
     torch.manual_seed(0)
-    hidden = torch.randn(5, 13, tiny_model.config.hidden_size)
+    hidden = torch.randn(5, 13, model.config.hidden_size)
     scored = torch.rand(5, 13) < 0.8
     n = int(scored.sum())
     assert padded_row_count(n) > n  # the test exercises the padding
-    weights = torch.randn(n, tiny_model.config.vocab_size)
-    head = tiny_model.get_output_embeddings()
+    weights = torch.randn(n, model.config.vocab_size)
+    head = model.get_output_embeddings()
+    rows_seen: list[int] = []
+    head.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].shape[0]))
     results = []
     for pad in (True, False):
         h = hidden.clone().requires_grad_(True)
         head.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = scored_logits(tiny_model, h, scored) if pad else head(h[scored])
-        assert logits.shape == (n, tiny_model.config.vocab_size)
+            logits = scored_logits(model, h, scored) if pad else head(h[scored])
+        assert logits.shape == (n, model.config.vocab_size)
         (logits.float() * weights).sum().backward()
         results.append((logits.float(), h.grad, head.weight.grad.clone()))
+    assert rows_seen == [padded_row_count(n), n]  # the head did run on the padded rows
     (lp, hp, wp), (lu, hu, wu) = results
     torch.testing.assert_close(lp, lu, rtol=0, atol=0)
     torch.testing.assert_close(hp, hu, rtol=0, atol=0)
