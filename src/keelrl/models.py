@@ -214,11 +214,18 @@ def load_hub(
             trust_remote_code=trust_remote_code,
             **_attn_kwargs(attn_implementation),
         )
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, ImportError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        kernel = (
+            ""
+            if attn_implementation == "auto"
+            else f" model.attn_implementation = {attn_implementation!r} fails here too when transformers does not "
+            "know the kernel or its package is missing."
+        )
         raise ModelLoadError(
             f"model {name!r} is not a local path and could not be fetched from the Hugging Face hub ({first_line}). "
             "Check the spelling, your network and HF_TOKEN, or download it elsewhere and pass the directory."
+            + kernel
         ) from None
     return model.eval(), _ensure_pad(tokenizer)
 
