@@ -76,8 +76,9 @@ def scored_logits(model: PreTrainedModel, hidden: torch.Tensor, scored: torch.Te
     index = scored.flatten().nonzero().squeeze(1)  # [N]
     n = int(index.numel())
     low_precision = torch.is_autocast_enabled("cpu") or head.weight.dtype in (torch.bfloat16, torch.float16)
-    if hidden.device.type == "cpu" and low_precision and padded_row_count(n) > n:
-        index = torch.cat([index, index.new_zeros(padded_row_count(n) - n)])
+    rows = padded_row_count(n) if hidden.device.type == "cpu" and low_precision else n
+    if rows > n:
+        index = torch.cat([index, index.new_zeros(rows - n)])
     return head(hidden.flatten(0, 1).index_select(0, index))[:n]
 
 
