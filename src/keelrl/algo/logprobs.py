@@ -69,9 +69,9 @@ def scored_logits(model: PreTrainedModel, hidden: torch.Tensor, scored: torch.Te
     row-major.
 
     For a bf16 matmul on CPU, oneDNN builds a kernel for every new shape, and the number of scored tokens
-    differs in nearly every micro-batch: a 98-token head took 3 ms forward and 14 ms backward at a new row
-    count against 0.8 and 2.2 ms at a repeated one. There the rows are padded to `padded_row_count` (row 0
-    repeated, its extra logits dropped), so the shapes repeat."""
+    differs in nearly every micro-batch: a 98-token head took 3.0 ms forward and 13.7 ms backward at a new
+    row count against 0.6 and 1.6 ms at a repeated one (benchmarks/cpu_overheads.py). There the rows are
+    padded to `padded_row_count` (row 0 repeated, its extra logits dropped), so the shapes repeat."""
     head = model.get_output_embeddings()
     index = scored.flatten().nonzero().squeeze(1)  # [N]
     n = int(index.numel())
@@ -101,8 +101,8 @@ def supports_prefix_sharing(model: PreTrainedModel) -> bool:
 def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
     """Keep (or repeat) batch rows `rows` [b'] of every layer of a transformers KV cache, in that order,
     differentiably. `index_select` rather than the cache's own `batch_select_indices` (advanced indexing):
-    on CPU it copies the same rows about 8x faster (0.27 against 2.1 ms for one [32, 4, 31, 64] bf16 layer
-    repeated to 256 rows)."""
+    on CPU it copies the same rows about 7x faster (0.26 against 1.8 ms for one [32, 4, 31, 64] bf16 layer
+    repeated to 256 rows; benchmarks/cpu_overheads.py)."""
     layers = getattr(cache, "layers", None)
     if layers is None:  # transformers < 4.56
         cache.batch_select_indices(rows)
