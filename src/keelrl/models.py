@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import string
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -243,9 +245,30 @@ def compile_decoder(model: PreTrainedModel) -> None:
     """torch.compile the model's decoder in place (train.compile). In place (`Module.compile`) keeps the
     parameter names and the module tree, so checkpoints, state dicts and the sampler are unchanged; dynamic
     shapes keep a new batch or sequence length from triggering a recompile. The head stays eager: keelrl runs
-    it only on the positions it scores."""
+    it only on the positions it scores.
+
+    Without gradients (sampling) the rotary embedding runs eagerly, so its cos/sin reach the compiled layers as
+    tensors. Compiled along with them, inductor fused cos/sin into the decode step's query-key reduction and
+    recomputed them for every key position: that kernel took 1.7 ms per layer call against 1.1 ms (tiny shape
+    of benchmarks/vs_trl.py). With gradients (the update) the graph break cost more than it saved, so there
+    the rotary embedding is compiled with the layers."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    (decoder if isinstance(decoder, torch.nn.Module) else model).compile(dynamic=True)
+    target = decoder if isinstance(decoder, torch.nn.Module) else model
+    target.compile(dynamic=True)
+    for module in target.modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            module.forward = _eager_without_grad(module.forward)  # type: ignore[method-assign]
+
+
+def _eager_without_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward`, kept out of torch.compile's graph when gradients are off (dynamo guards on grad mode, so
+    the two cases compile separately)."""
+    eager = torch.compiler.disable(forward)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs) if torch.is_grad_enabled() else eager(*args, **kwargs)
+
+    return wrapped
 
 
 def count_parameters(model: torch.nn.Module) -> int:

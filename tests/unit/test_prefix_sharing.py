@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from keelrl import rollout
 from keelrl.algo.logprobs import completion_logprobs, padded_row_count, plan_prefix_sharing, scored_logits
 from keelrl.config import AlgoConfig, TinyModelConfig
 from keelrl.distributed import World
@@ -188,6 +189,28 @@ def test_bf16_autocast_is_close_to_fp32(tiny_model, char_tokenizer) -> None:
     )
     assert all(len(g.completion_ids) == len(g.logprobs) > 0 for g in gens)
     assert all(lp <= 0.0 for g in gens for lp in g.logprobs)
+
+
+def test_bf16_sampler_caches_bf16_and_samples_the_same(eos_model, char_tokenizer, monkeypatch) -> None:
+    """Under bf16 autocast the sampler stores keys and values in bf16; the attention casts them to bf16
+    anyway, so tokens and log-probs are exactly those of an fp32 cache (rows also finish early here)."""
+    made, real = [], rollout._new_cache
+    prompts, seeds = _prompts(char_tokenizer), list(range(16))
+    runs = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+
+        def new_cache(model, max_len, kv_dtype=None, dtype=dtype):
+            assert kv_dtype == torch.bfloat16  # what a bf16-autocast sampler asks for
+            made.append(real(model, max_len, dtype))
+            return made[-1]
+
+        monkeypatch.setattr(rollout, "_new_cache", new_cache)
+        runs[name] = HFSampler(eos_model, char_tokenizer, autocast="bf16").generate(prompts, SETTINGS, seeds)
+    dtypes = [{(layer.keys.dtype, layer.values.dtype) for layer in cache.layers} for cache in made]
+    assert dtypes == [{(torch.bfloat16, torch.bfloat16)}, {(torch.float32, torch.float32)}]
+    assert {g.finish_reason for g in runs["bf16"]} == {"eos", "length"}
+    assert [g.completion_ids for g in runs["bf16"]] == [g.completion_ids for g in runs["fp32"]]
+    assert [g.logprobs for g in runs["bf16"]] == [g.logprobs for g in runs["fp32"]]
 
 
 def test_padded_row_count_worked_numbers() -> None:
