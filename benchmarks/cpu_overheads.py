@@ -1,7 +1,10 @@
-"""Three CPU costs that are not compute, found in the second profile pass of issue 10, each measured alone
-against what keelrl now does. Prints JSON.
+"""CPU costs that are not compute, found in the profile passes of issue 10, each measured alone against what
+keelrl now does. Prints JSON.
 
-    python benchmarks/cpu_overheads.py [--threads 1] [--repeats 40] [--out docs/cpu_overheads.json]
+    python benchmarks/cpu_overheads.py [--threads 1] [--repeats 40] [--parts head,cache_rows,...] [--out FILE]
+
+docs/cpu_overheads.json holds the first three parts, docs/decode_attention.json the fourth (`--parts
+decode_attention`).
 
 - `head`: the output head (vs_trl.py's tiny model: hidden 256, 98 tokens) under bf16 autocast, forward and
   backward, at a row count seen before against a new row count on every call. oneDNN builds a kernel per
@@ -9,6 +12,13 @@ against what keelrl now does. Prints JSON.
 - `cache_rows`: one layer's keys, [32, 4, 31, 64] bf16, repeated to the 256 rows of a group batch, with
   advanced indexing (`tensor[rows]`) against `index_select` (`algo.logprobs.select_cache_rows`).
 - `adamw`: one optimizer step over the tiny model's parameter shapes (5.2M fp32), foreach against fused.
+- `decode_attention`: one layer's attention in one decode step of the sampler (256 rows = 32 prompts x 8,
+  4 heads, 14 prompt + 16 completion positions, head dim 64) under bf16 autocast:
+  - keys cached in fp32 (what the rotary embedding leaves) against bf16 (`rollout.CastingStaticCache`);
+  - compiled with the query's rotary embedding computed inside from the positions, against cos/sin passed
+    in as tensors (`models.compile_decoder` keeps the rotary embedding eager when sampling);
+  - cascade attention (each prompt's keys/values read once per group, then the rows' own completion
+    positions) against the plain attention over the repeated cache, eager and compiled. Not adopted.
 """
 
 from __future__ import annotations
@@ -78,22 +88,98 @@ def adamw(repeats: int) -> dict[str, Any]:
     return out
 
 
+def decode_attention(repeats: int) -> dict[str, float]:
+    prompts, group, heads, prompt_len, completion_len, dim = 32, 8, 4, 14, 16, 64
+    rows, length, bf16 = prompts * group, prompt_len + completion_len, torch.bfloat16
+    scale = dim**-0.5
+    q = torch.randn(rows, heads, 1, dim)  # the rotary embedding's output is fp32
+    keys, values = torch.randn(rows, heads, length, dim), torch.randn(rows, heads, length, dim, dtype=bf16)
+    mask = torch.zeros(rows, 1, 1, length)
+
+    def plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(torch.matmul(q, k.transpose(2, 3)).float() * scale + mask, dim=-1)
+        return torch.matmul(weights, v)
+
+    def autocast(fn: Any) -> Any:
+        def run(*args: Any) -> Any:
+            with torch.autocast("cpu", dtype=bf16):
+                return fn(*args)
+
+        return run
+
+    k16 = keys.to(bf16)
+    out = {
+        "fp32_keys_ms": 1e3 * seconds(lambda: autocast(plain)(q, keys, values), repeats),
+        "bf16_keys_ms": 1e3 * seconds(lambda: autocast(plain)(q, k16, values), repeats),
+    }
+    # the query's rotary embedding, from positions inside the compiled function or as cos/sin tensors
+    raw = torch.randn(rows, heads, 1, dim, dtype=bf16)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    positions = torch.full((rows, 1), length - 1)
+
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = torch.cat((-x[..., dim // 2 :], x[..., : dim // 2]), dim=-1)
+        return x * cos[:, None] + half * sin[:, None]
+
+    def cos_sin(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = pos[..., None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    inside = torch.compile(
+        autocast(lambda x, pos: plain(rotate(x, *cos_sin(pos)), k16, values)), dynamic=True
+    )
+    outside = torch.compile(autocast(lambda x, c, s: plain(rotate(x, c, s), k16, values)), dynamic=True)
+    cos, sin = cos_sin(positions)
+    out["compiled_rotary_inside_ms"] = 1e3 * seconds(lambda: inside(raw, positions), repeats)
+    out["compiled_rotary_outside_ms"] = 1e3 * seconds(lambda: outside(raw, cos, sin), repeats)
+    # cascade: prompt keys/values [prompts, ...] once per group, completion keys/values per row
+    kp, vp = k16[::group, :, :prompt_len].contiguous(), values[::group, :, :prompt_len].contiguous()
+    kc, vc = k16[:, :, prompt_len:].contiguous(), values[:, :, prompt_len:].contiguous()
+    q16 = q.to(bf16)
+
+    def cascade(q: torch.Tensor) -> torch.Tensor:
+        grouped = q.view(prompts, group, heads, dim).transpose(1, 2)  # [prompts, heads, group, dim]
+        sp = torch.matmul(grouped, kp.transpose(2, 3)).transpose(1, 2).reshape(rows, heads, 1, prompt_len)
+        sc = torch.matmul(q, kc.transpose(2, 3))
+        weights = torch.softmax(torch.cat([sp, sc], dim=-1).float() * scale + mask, dim=-1).to(bf16)
+        wp = weights[..., :prompt_len].reshape(prompts, group, heads, prompt_len).transpose(1, 2)
+        op = torch.matmul(wp, vp).transpose(1, 2).reshape(rows, heads, 1, dim)
+        return op + torch.matmul(weights[..., prompt_len:], vc)
+
+    for name, fn in (("plain", autocast(lambda q: plain(q, k16, values))), ("cascade", autocast(cascade))):
+        out[f"{name}_eager_ms"] = 1e3 * seconds(lambda fn=fn: fn(q16), repeats)
+        compiled = torch.compile(fn, dynamic=True)
+        out[f"{name}_compiled_ms"] = 1e3 * seconds(lambda c=compiled: c(q16), repeats)
+    return out
+
+
+PARTS = {"head": head, "cache_rows": cache_rows, "adamw": adamw, "decode_attention": decode_attention}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=40)
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ",".join(PARTS))
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
+    parts = a.parts.split(",")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        p.error(f"unknown part(s) {unknown}; choose from {list(PARTS)}")
     torch.set_num_threads(a.threads)
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "cpu_overheads",
+        "command": " ".join(
+            ["python", "benchmarks/cpu_overheads.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "threads": a.threads,
         "load_average_start": os.getloadavg(),
-        "head": head(a.repeats),
-        "cache_rows": cache_rows(a.repeats),
-        "adamw": adamw(a.repeats),
-        "load_average_end": os.getloadavg(),
     }
+    for name in parts:
+        result[name] = PARTS[name](a.repeats)
+    result["load_average_end"] = os.getloadavg()
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:
