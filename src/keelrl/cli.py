@@ -252,11 +252,10 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
 
 
 def _console() -> Any:
-    """stdout console for result tables; at least 120 columns when not a terminal (logs, pipes)."""
-    from rich.console import Console
+    """stdout console for result tables."""
+    from keelrl.monitor.sinks import make_console
 
-    console = Console(highlight=False)
-    return console if console.is_terminal else Console(highlight=False, width=max(console.width, 120))
+    return make_console(highlight=False)
 
 
 def _read_json(path: str, what: str) -> dict[str, Any]:

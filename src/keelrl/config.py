@@ -233,7 +233,8 @@ class TrainConfig(Section):
             "torch.compile the policy's decoder (dynamic shapes; sampling, log-probs and the update all run through "
             "it). Fuses the element-wise work between the matmuls; on CPU it needs a C++ compiler. The first step "
             "pays the compilation (measured 30 s to 3 min for the tiny benchmark model on 2 cores; cached on disk "
-            "by inductor for later runs), so it pays on long runs. Single process only (world size 1)."
+            "by inductor for later runs), so it pays on long runs. Single process only (world size 1); with "
+            "distributed.sampler = 'ray' each sampling actor compiles its own copy."
         ),
     )
 

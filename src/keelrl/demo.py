@@ -254,14 +254,13 @@ def run_demo(
     another program competes for the cores."""
     if threads > 0:
         torch.set_num_threads(threads)
-    from rich.console import Console
-
     from keelrl.config import config_from_dict
     from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+    from keelrl.monitor.sinks import make_console
     from keelrl.tasks import get_task
     from keelrl.trainer import train
 
-    console = Console(stderr=True, highlight=False)
+    console = make_console(stderr=True, highlight=False)
     t_start = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -2,10 +2,11 @@
 compare` share this code and the sampler.
 
 Generation. `run_eval` generates `samples` completions for each of the first N test problems (greedy when
-the temperature is 0), scores them with the task's checker and returns per-problem records. Sample j of
-problem i is drawn with the seed `stable_hash("eval", seed, i, j)`, and the sampler's randomness is per
-row, so an eval is a pure function of (model, problems, settings, seed), whatever the batch size. Two
-models evaluated with the same seed also share their random numbers (common random numbers), which makes
+the temperature is 0), scores them with the task's checker and returns per-problem records. A checker that
+raises scores that sample 0 and its error is kept (`score_errors`, as in training), so one bad completion
+does not end an eval, or the training run that called it. Sample j of problem i is drawn with the seed
+`stable_hash("eval", seed, i, j)`, and the sampler's randomness is per row, so an eval is a pure function
+of (model, problems, settings, seed), whatever the batch size. Two models evaluated with the same seed also share their random numbers (common random numbers), which makes
 paired comparisons sharper. `evaluate` runs a greedy pass and, optionally, an n-sample pass at temperature
 t, and returns an `EvalReport`.
 
@@ -54,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from keelrl.config import ConfigError
-from keelrl.tasks.base import score_batch, stable_hash
+from keelrl.tasks.base import score_safely, stable_hash
 
 if (
     TYPE_CHECKING
@@ -96,6 +97,8 @@ class ProblemResult:
     truncated: list[bool] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)  # extracted answer per sample (None: no answer)
+    # per sample: the checker's error when it raised (the sample then scored 0), else None
+    score_errors: list[str | None] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +111,7 @@ class ProblemResult:
             "truncated": self.truncated,
             "lengths": self.lengths,
             "answers": self.answers,
+            "score_errors": self.score_errors,
             "texts": self.texts,
         }
 
@@ -125,6 +129,7 @@ class ProblemResult:
             truncated=[bool(x) for x in d["truncated"]],
             lengths=[int(x) for x in d["lengths"]],
             answers=list(d.get("answers", [None] * n)),
+            score_errors=list(d.get("score_errors", [None] * n)),
         )
 
 
@@ -168,10 +173,13 @@ def run_eval(
         seeds = [stable_hash("eval", seed, res.index, j) for res, j, _, _ in chunk]
         gens = sampler.generate([ids for _, _, ids, _ in chunk], settings, seeds)
         texts = [tokenizer.decode(gen.completion_ids, skip_special_tokens=True) for gen in gens]
-        scores = score_batch(
+        scores, _ = score_safely(
             task, [res.problem for res, _, _, _ in chunk], [c[3] + t for c, t in zip(chunk, texts)]
         )
         for (res, _, _, _), gen, text, score in zip(chunk, gens, texts, scores):
+            res.score_errors.append(
+                score.info["error"] if score.info.get("reason") == "score_error" else None
+            )
             formatted = bool(score.info.get("formatted", score.reward > 0))
             res.texts.append(text)
             res.rewards.append(score.reward)
@@ -186,8 +194,9 @@ def run_eval(
 
 
 def summarize(results: list[ProblemResult]) -> dict[str, float]:
-    """Means over problems of per-problem means (each problem counts once, whatever its sample count).
-    The trainer's periodic eval logs these as `eval/<name>`."""
+    """Means over problems of per-problem means (each problem counts once, whatever its sample count), and
+    `reward/errors`, the number of samples whose checker raised. The trainer's periodic eval logs these as
+    `eval/<name>`."""
     if not results:
         return {}
 
@@ -200,18 +209,14 @@ def summarize(results: list[ProblemResult]) -> dict[str, float]:
         "format_rate": mean_of("formatted"),
         "truncated_frac": mean_of("truncated"),
         "length/mean": mean_of("lengths"),
+        "reward/errors": float(len(score_errors(results))),
         "problems": float(len(results)),
     }
 
 
-def timed_eval(**kwargs: Any) -> tuple[list[ProblemResult], dict[str, float]]:
-    t0 = time.perf_counter()
-    results = run_eval(**kwargs)
-    metrics = summarize(results)
-    elapsed = time.perf_counter() - t0
-    metrics["time_s"] = elapsed
-    metrics["problems_per_s"] = len(results) / elapsed if elapsed > 0 else 0.0
-    return results, metrics
+def score_errors(results: Sequence[ProblemResult] | None) -> list[str]:
+    """The checker errors of `results`, in problem and sample order (each such sample scored 0)."""
+    return [e for r in results or () for e in r.score_errors if e is not None]
 
 
 # ------------------------------------------------------------------------------------ estimators (pure)
@@ -481,6 +486,7 @@ class EvalReport:
         tokens = sum(sum(r.lengths) for r in (self.greedy or [])) + sum(
             sum(r.lengths) for r in (self.sampled or [])
         )
+        errors = score_errors(self.greedy) + score_errors(self.sampled)
         out: dict[str, Any] = {
             "schema": SCHEMA,
             **{k: self.settings[k] for k in ("model", "task") if k in self.settings},
@@ -490,6 +496,8 @@ class EvalReport:
         out.update(
             {
                 "problems": num,
+                "score_errors": len(errors),  # samples scored 0 because the task's checker raised
+                **({"first_score_error": errors[0]} if errors else {}),
                 "metrics": metrics,
                 "by_difficulty": by_difficulty,
                 "settings": self.settings,
@@ -1037,6 +1045,11 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
                 cells.append(f"{_fmt(m['value'])} [{_fmt(m['ci95'][0])}, {_fmt(m['ci95'][1])}]")
             by.add_row(bucket, str(b["problems"]), *cells)
         out.append(by)
+    if summary.get("score_errors"):
+        out.append(
+            f"[yellow]{summary['score_errors']} completion(s) scored 0 because the task's checker raised; "
+            f"the first: {summary.get('first_score_error', '?')}[/yellow]"
+        )
     return out
 
 

@@ -9,8 +9,8 @@ two chunks and returns the results in chunk order.
   `get_task(name, seed=..., **params)` run inside the actor, so only plain data crosses the process boundary.
   `pool.score(problems, completions)` splits the pairs into chunks of consecutive samples.
 - `SamplerPool` (a `Sampler`, a drop-in for `HFSampler`): each actor builds the policy from the run's
-  `ModelConfig` and an `HFSampler` over it with the run's share_prefix / autocast settings, on CPU with
-  `threads` torch threads. `sync_weights` puts the policy's CPU weights (tied copies left out) into the
+  `ModelConfig` and an `HFSampler` over it with the run's share_prefix / autocast / compile settings, on CPU
+  with `threads` torch threads. `sync_weights` puts the policy's CPU weights (tied copies left out) into the
   object store once per new version and every actor loads them (and re-ties). `generate` cuts the rows into
   the batches the in-process sampler would generate (`generation_chunks`: sorted by prompt, so a group's
   identical prompts stay together and share their prefill; cut every `rollout.chunk_size` rows) and sends
@@ -372,14 +372,18 @@ class SamplingWorker:
     """One Ray actor: builds the policy and an `HFSampler` once, loads the weights it is sent, and generates
     chunks with the weights version each chunk names."""
 
-    def __init__(self, model: ModelConfig, share_prefix: bool, autocast: Autocast, threads: int) -> None:
+    def __init__(
+        self, model: ModelConfig, share_prefix: bool, autocast: Autocast, threads: int, compile: bool = False
+    ) -> None:
         import torch
 
-        from keelrl.models import load_policy
+        from keelrl.models import compile_decoder, load_policy
         from keelrl.rollout import HFSampler
 
         torch.set_num_threads(threads)
         policy, tokenizer = load_policy(model)
+        if compile:  # train.compile: the actor compiles on its first batch, as the training process does
+            compile_decoder(policy)
         # chunk_size 0: each chunk is one batch (the pool has cut the batches already)
         self.sampler = HFSampler(policy, tokenizer, 0, share_prefix, autocast)
         self.version: int | None = None  # of the loaded weights; None before any load or after a failed one
@@ -422,6 +426,7 @@ class SamplerPool:
         chunk_size: int = 0,
         share_prefix: bool = True,
         autocast: Autocast = "off",
+        compile: bool = False,
         threads: int = 1,
         max_retries: int = 3,
         address: str = "",
@@ -430,7 +435,7 @@ class SamplerPool:
     ) -> None:
         """`model` is built inside each actor (with `load_policy`; a local path is made absolute here);
         `chunk_size` (rows per batch; 0: one batch per actor), `share_prefix` and `autocast` are the
-        in-process `HFSampler`'s; each actor runs `threads` torch threads and reserves as many CPUs. `address`
+        in-process `HFSampler`'s, and `compile` (train.compile) compiles each actor's decoder; each actor runs `threads` torch threads and reserves as many CPUs. `address`
         empty starts a local Ray with `ray_cpus` CPUs (0: `workers * threads`) unless this process already
         runs one. `worker` is the actor class (a subclass changes how an actor generates; the tests' kills
         one). No weights until `sync_weights`."""
@@ -443,7 +448,7 @@ class SamplerPool:
         self.unreported = 0  # replacements not yet counted by `take_replaced`
         self.actors = ActorPool(
             worker,
-            (model, share_prefix, autocast, threads),
+            (model, share_prefix, autocast, threads, compile),
             workers,
             role="sampling",
             size_setting="distributed.ray_sampler_workers",

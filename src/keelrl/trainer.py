@@ -71,7 +71,7 @@ from keelrl.distributed import (
     save_sharded,
     wrap_for_training,
 )
-from keelrl.evaluate import run_eval, summarize
+from keelrl.evaluate import run_eval, score_errors, summarize
 from keelrl.faults import FaultInjector
 from keelrl.guards import Finding, Guardian, check_update
 from keelrl.models import compile_decoder, load_policy, model_summary, save_hf_dir
@@ -310,6 +310,7 @@ def start_pools(run: Run, state: TrainState) -> None:
                 chunk_size=cfg.rollout.chunk_size,
                 share_prefix=cfg.train.share_prefix,
                 autocast=cfg.train.autocast,
+                compile=cfg.train.compile,
                 max_retries=d.ray_max_retries,
                 address=d.ray_address,
                 ray_cpus=cpus,
@@ -945,13 +946,13 @@ def eval_phase(run: Run, state: TrainState) -> dict[str, float]:
     every rank gets the numbers."""
     metrics: dict[str, float] = {}
     if run.world.is_writer:
-        metrics = _eval_metrics(run)
+        metrics = _eval_metrics(run, state)
     metrics = broadcast_object(metrics, run.world)  # all ranks: best checkpoint and guards decide alike
     state.last_eval = {**metrics, "step": state.step}
     return metrics
 
 
-def _eval_metrics(run: Run) -> dict[str, float]:
+def _eval_metrics(run: Run, state: TrainState) -> dict[str, float]:
     cfg = run.cfg
     results = run_eval(
         sampler=run.sampler,
@@ -965,6 +966,9 @@ def _eval_metrics(run: Run) -> dict[str, float]:
         batch_size=cfg.eval.batch_size,
     )
     summary = summarize(results)
+    errors = score_errors(results)
+    if errors:
+        run.event("score_errors", state.step, count=len(errors), first=errors[0], phase="eval")
     return {f"eval/{k}": v for k, v in summary.items() if k != "problems"}
 
 

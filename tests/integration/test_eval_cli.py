@@ -231,6 +231,45 @@ def test_evaluate_pipeline_on_known_answers() -> None:
     )
 
 
+class RaisingChecker:
+    """The countdown task, but its checker raises on completions without an answer tag (a buggy user task)."""
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+    def score(self, problem: dict[str, Any], completion: str) -> Any:
+        if "<answer>" not in completion:
+            raise KeyError("answer")
+        return self.task.score(problem, completion)
+
+
+def test_a_checker_that_raises_scores_zero_and_is_reported() -> None:
+    from keelrl.evaluate import render_summary, summarize
+
+    tok = build_char_tokenizer()
+    task = RaisingChecker(get_task("countdown", max_numbers=3, max_number=20))
+    report = evaluate(ScriptedSampler(tok), tok, task, "compact", 12, samples=6, ks=[1, 6], seed=5)
+    sampled = report.sampled or []
+    raised = 0
+    for r in (report.greedy or []) + sampled:
+        for text, err, reward, correct in zip(r.texts, r.score_errors, r.rewards, r.correct):
+            assert (err is not None) == (text == "no idea")
+            if err is not None:
+                assert err == "KeyError: 'answer'" and reward == 0.0 and not correct
+                raised += 1
+    in_sampled = sum(t == "no idea" for r in sampled for t in r.texts)
+    assert 0 < in_sampled < raised, "the scripted sampler writes 'no idea' in both passes"
+    summary = report.summary(resamples=100)
+    assert summary["score_errors"] == raised and summary["first_score_error"] == "KeyError: 'answer'"
+    assert summarize(sampled)["reward/errors"] == in_sampled
+    assert any("checker raised" in str(x) for x in render_summary(summary))
+    again = EvalReport.from_json(json.loads(json.dumps(report.to_json(resamples=100))))
+    assert [r.score_errors for r in again.sampled or []] == [r.score_errors for r in sampled]
+
+
 # ------------------------------------------------------------------------------------------------ perplexity
 
 

@@ -130,6 +130,21 @@ def pool(local_ray, deaths: Path):
     pool.shutdown()
 
 
+class ReportingSamplingWorker(SamplingWorker):
+    def decoder_is_compiled(self) -> bool:
+        return self.sampler.model.get_decoder()._compiled_call_impl is not None
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_actors_compile_their_decoder_with_train_compile(local_ray, compile: bool) -> None:
+    """train.compile reaches the actors (compilation itself runs on their first batch)."""
+    pool = SamplerPool(MODEL, workers=1, compile=compile, worker=ReportingSamplingWorker)
+    try:
+        assert pool.actors.run("decoder_is_compiled", [()], ["check"])[0] == [compile]
+    finally:
+        pool.shutdown()
+
+
 def perturbed(model: torch.nn.Module, seed: int) -> None:
     """Move every weight a little (tied ones together), as an optimizer step would."""
     g = torch.Generator().manual_seed(seed)

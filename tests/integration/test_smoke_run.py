@@ -121,3 +121,12 @@ def test_python_dash_m_is_the_cli() -> None:
         [sys.executable, "-m", "keelrl", "--help"], capture_output=True, text=True, check=True
     )
     assert "train" in out.stdout and "eval" in out.stdout
+
+
+def test_console_lines_do_not_wrap_when_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    """Logs and pipes get whole lines (rich alone wraps at 80 columns there)."""
+    from keelrl.monitor.sinks import make_console
+
+    line = "step 12/100  reward 0.512  accuracy 0.250  entropy 1.234" + "  kl 0.001" * 6
+    make_console(stderr=True).print(line)
+    assert capsys.readouterr().err == line + "\n"

@@ -47,6 +47,15 @@ def format_metrics(metrics: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
+    """A rich Console; when it is not a terminal (a pipe, a log file, the supervisor's log) it is at least 120
+    columns wide, where rich would wrap every line at 80."""
+    console = Console(stderr=stderr, highlight=highlight)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, highlight=highlight, width=max(console.width, 120))
+
+
 class ConsoleSink:
     """A progress bar with ETA on a terminal; plain lines (every `every` steps) otherwise."""
 
@@ -54,7 +63,7 @@ class ConsoleSink:
         self, total_steps: int, start_step: int, every: int, progress: bool, description: str = "train"
     ) -> None:
         self.every = every
-        self.console = Console(stderr=True)
+        self.console = make_console(stderr=True)
         self.live = progress and sys.stderr.isatty()
         self.progress: Progress | None = None
         if self.live:
