@@ -4,7 +4,7 @@ keelrl now does. Prints JSON.
     python benchmarks/cpu_overheads.py [--threads 1] [--repeats 40] [--parts head,cache_rows,...] [--out FILE]
 
 docs/cpu_overheads.json holds the first three parts, docs/decode_attention.json the fourth (`--parts
-decode_attention`).
+decode_attention`), docs/matmul_rows.json the fifth (`--parts matmul_rows`).
 
 - `head`: the output head (vs_trl.py's tiny model: hidden 256, 98 tokens) under bf16 autocast, forward and
   backward, at a row count seen before against a new row count on every call. oneDNN builds a kernel per
@@ -19,6 +19,11 @@ decode_attention`).
     in as tensors (`models.compile_decoder` keeps the rotary embedding eager when sampling);
   - cascade attention (each prompt's keys/values read once per group, then the rows' own completion
     positions) against the plain attention over the repeated cache, eager and compiled. Not adopted.
+- `matmul_rows`: one matmul of activations [rows, in] by a weight of the tiny model ([in, out]: attention
+  256x256, MLP up 256x1024, MLP down 1024x256), microseconds per call, fp32 against bf16, at 1 to 1024 rows.
+  A bf16 call has a fixed cost that fp32 has not (oneDNN reorders the weight for AMX on every call), so on
+  this CPU fewer, larger micro-batches are cheaper, and a 256-row decode step's matmuls are a third fixed
+  cost.
 """
 
 from __future__ import annotations
@@ -154,7 +159,27 @@ def decode_attention(repeats: int) -> dict[str, float]:
     return out
 
 
-PARTS = {"head": head, "cache_rows": cache_rows, "adamw": adamw, "decode_attention": decode_attention}
+def matmul_rows(repeats: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for k, n in ((256, 256), (256, 1024), (1024, 256)):
+        weight = torch.randn(k, n)
+        for rows in (1, 16, 64, 256, 1024):
+            x = torch.randn(rows, k)
+            x16, w16 = x.bfloat16(), weight.bfloat16()
+            out[f"{k}x{n}_rows{rows}"] = {
+                "fp32_us": 1e6 * seconds(lambda x=x, w=weight: torch.mm(x, w), repeats),
+                "bf16_us": 1e6 * seconds(lambda x16=x16, w16=w16: torch.mm(x16, w16), repeats),
+            }
+    return out
+
+
+PARTS = {
+    "head": head,
+    "cache_rows": cache_rows,
+    "adamw": adamw,
+    "decode_attention": decode_attention,
+    "matmul_rows": matmul_rows,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
