@@ -25,6 +25,7 @@ import shutil
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -798,7 +799,11 @@ def update_phase(
                 )
                 continue
             state.optimizer.step()
-    state.scheduler.step()
+    with warnings.catch_warnings():
+        # The schedule follows the RL step, skipped updates included, so that a guard's skip (or a resume)
+        # never shifts the learning rate; PyTorch warns when the run's first optimizer step was skipped.
+        warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+        state.scheduler.step()
     state.policy_version += 1
     sync_sampler(run, state)
     passes = a.ppo_epochs * a.minibatches
