@@ -6,9 +6,9 @@ the temperature is 0), scores them with the task's checker and returns per-probl
 raises scores that sample 0 and its error is kept (`score_errors`, as in training), so one bad completion
 does not end an eval, or the training run that called it. Sample j of problem i is drawn with the seed
 `stable_hash("eval", seed, i, j)`, and the sampler's randomness is per row, so an eval is a pure function
-of (model, problems, settings, seed), whatever the batch size. Two models evaluated with the same seed also share their random numbers (common random numbers), which makes
-paired comparisons sharper. `evaluate` runs a greedy pass and, optionally, an n-sample pass at temperature
-t, and returns an `EvalReport`.
+of (model, problems, settings, seed), whatever the batch size. Two models evaluated with the same seed also
+share their random numbers (common random numbers), which makes paired comparisons sharper. `evaluate`
+runs a greedy pass and, optionally, an n-sample pass at temperature t, and returns an `EvalReport`.
 
 Metrics. Every metric is a mean over problems of a per-problem value (`problem_metrics`), so each problem
 counts once, and one bootstrap over problems gives every interval:
@@ -1046,9 +1046,14 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
             by.add_row(bucket, str(b["problems"]), *cells)
         out.append(by)
     if summary.get("score_errors"):
+        from rich.text import Text
+
         out.append(
-            f"[yellow]{summary['score_errors']} completion(s) scored 0 because the task's checker raised; "
-            f"the first: {summary.get('first_score_error', '?')}[/yellow]"
+            Text(
+                f"{summary['score_errors']} completion(s) scored 0 because the task's checker raised; "
+                f"the first: {summary.get('first_score_error', '?')}",
+                style="yellow",
+            )
         )
     return out
 

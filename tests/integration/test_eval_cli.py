@@ -265,7 +265,7 @@ def test_a_checker_that_raises_scores_zero_and_is_reported() -> None:
     summary = report.summary(resamples=100)
     assert summary["score_errors"] == raised and summary["first_score_error"] == "KeyError: 'answer'"
     assert summarize(sampled)["reward/errors"] == in_sampled
-    assert any("checker raised" in str(x) for x in render_summary(summary))
+    assert any("checker raised" in str(x) for x in render_summary(summary))  # a rich Text, not markup
     again = EvalReport.from_json(json.loads(json.dumps(report.to_json(resamples=100))))
     assert [r.score_errors for r in again.sampled or []] == [r.score_errors for r in sampled]
 
