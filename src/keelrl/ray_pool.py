@@ -437,8 +437,8 @@ class SamplerPool:
         `chunk_size` (rows per batch; 0: one batch per actor), `share_prefix` and `autocast` are the
         in-process `HFSampler`'s, and `compile` (train.compile) compiles each actor's decoder; each actor runs
         `threads` torch threads and reserves as many CPUs. `address` empty starts a local Ray with `ray_cpus`
-        CPUs (0: `workers * threads`) unless this process already runs one. `worker` is the actor class (a subclass changes how an actor generates; the tests' kills
-        one). No weights until `sync_weights`."""
+        CPUs (0: `workers * threads`) unless this process already runs one. `worker` is the actor class (a
+        subclass changes how an actor generates; the tests' kills one). No weights until `sync_weights`."""
         path = Path(model.path).expanduser()
         if model.path not in ("tiny", "smollm2") and path.exists():
             model = model.model_copy(update={"path": str(path.resolve())})
