@@ -21,9 +21,9 @@ decode_attention`), docs/matmul_rows.json the fifth (`--parts matmul_rows`).
     positions) against the plain attention over the repeated cache, eager and compiled. Not adopted.
 - `matmul_rows`: one matmul of activations [rows, in] by a weight of the tiny model ([in, out]: attention
   256x256, MLP up 256x1024, MLP down 1024x256), microseconds per call, fp32 against bf16, at 1 to 1024 rows.
-  A bf16 call has a fixed cost that fp32 has not (oneDNN reorders the weight for AMX on every call), so on
-  this CPU fewer, larger micro-batches are cheaper, and a 256-row decode step's matmuls are a third fixed
-  cost.
+  A bf16 call has a fixed cost that fp32 has not (most likely oneDNN reordering the weight for AMX on every
+  call), so on this CPU fewer, larger micro-batches are cheaper, and a 256-row decode step's matmuls are a
+  third fixed cost.
 """
 
 from __future__ import annotations
