@@ -51,9 +51,9 @@ def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
     """A rich Console; when it is not a terminal (a pipe, a log file, the supervisor's log) it is at least 120
     columns wide, where rich would wrap every line at 80."""
     console = Console(stderr=stderr, highlight=highlight)
-    if console.is_terminal:
-        return console
-    return Console(stderr=stderr, highlight=highlight, width=max(console.width, 120))
+    if not console.is_terminal:
+        console.width = max(console.width, 120)
+    return console
 
 
 class ConsoleSink:
