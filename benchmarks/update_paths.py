@@ -75,7 +75,7 @@ def measure(shape_name: str, cache_dir: Path, repeats: int, fast: bool) -> dict[
     from keelrl.algo.logprobs import completion_logprobs
     from keelrl.models import load_local_dir
     from keelrl.rollout import HFSampler, SamplingSettings
-    from keelrl.trainer import collate
+    from keelrl.update import collate
 
     shape = SHAPES[shape_name]
     model_dir = prepare_model(shape, cache_dir)
@@ -180,7 +180,7 @@ def measure_fast(
     from keelrl.algo.logprobs import completion_logprobs
     from keelrl.models import compile_decoder, load_local_dir
     from keelrl.rollout import HFSampler
-    from keelrl.trainer import collate
+    from keelrl.update import collate
 
     model, tok = load_local_dir(model_dir, "float32", False, attn_implementation="eager")
     compile_decoder(model)

@@ -307,7 +307,8 @@ def keelrl_setup(spec: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def worker_keelrl(spec: dict[str, Any]) -> dict[str, Any]:
-    from keelrl.trainer import guard_phase, log_step, train_step
+    from keelrl.recovery import guard_phase
+    from keelrl.trainer import log_step, train_step
 
     shape = Shape(**spec["shape"])
     total = shape.warmup + shape.steps

@@ -58,6 +58,7 @@ class Rollout:
     policy_version: int
     sampling: SamplingSettings
     text: str = ""
+    prefix: str = ""  # the assistant prefix of the prompt: scored together with `text`, not trained
     reward: float = 0.0
     correct: bool = False
     info: dict[str, Any] = field(default_factory=dict)

@@ -15,7 +15,7 @@ from keelrl.config import AlgoConfig, TinyModelConfig
 from keelrl.distributed import World
 from keelrl.models import build_tiny_model, compile_decoder
 from keelrl.rollout import HFSampler, Rollout, SamplingSettings
-from keelrl.trainer import collate, forward_logprobs, micro_batches, minibatch_backward
+from keelrl.update import collate, forward_logprobs, micro_batches, minibatch_backward
 
 SETTINGS = SamplingSettings(max_new_tokens=16, temperature=1.0)
 GROUPS, G = 4, 4

@@ -12,7 +12,7 @@ from keelrl.algo.losses import LossAgg
 from keelrl.config import AlgoConfig
 from keelrl.distributed import World
 from keelrl.rollout import HFSampler, Rollout, SamplingSettings
-from keelrl.trainer import collate, forward_logprobs, minibatch_backward
+from keelrl.update import collate, forward_logprobs, minibatch_backward
 
 SETTINGS = SamplingSettings(max_new_tokens=12, temperature=1.0)
 

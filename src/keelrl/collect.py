@@ -1,0 +1,169 @@
+"""Collect a step's batch: draw problems, run episodes, score them, refill groups without signal.
+
+Every rank sees the same global list of problems and samples its shard; each row's sampling seed is
+derived from (train.seed, step, rollbacks, row), so a completion does not depend on how rows are split
+across ranks or batches, and a rollback does not replay the samples that led into trouble. Generation
+and scoring go through `episodes.py`, the path the evals use too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from keelrl.curriculum import GroupOutcome, fill_batch, has_signal, refill_budget_prompts, task_metrics
+from keelrl.distributed import all_gather_list, all_reduce_sum
+from keelrl.episodes import Episode, generate, score
+from keelrl.monitor.traces import is_repetitive
+from keelrl.rollout import Rollout
+from keelrl.run import Run
+from keelrl.state import TrainState
+from keelrl.tasks.base import score_safely, stable_hash
+
+
+def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int = 0) -> list[Rollout]:
+    """Draw `n` prompts (default: the step's; all ranks draw the same list) and generate group_size
+    completions for each prompt of this rank's shard. `attempt` > 0 marks a dynamic-sampling refill
+    (fresh seeds)."""
+    cfg, world = run.cfg, run.world
+    problems = run.source.next_problems(cfg.prompts_per_step if n is None else n)
+    per_rank = len(problems) // world.world_size
+    mine = list(enumerate(problems))[world.rank * per_rank : (world.rank + 1) * per_rank]
+    G, rollbacks = cfg.rollout.group_size, state.guards.get("rollbacks", 0)
+    refill = ("refill", attempt) if attempt else ()
+    episodes = [
+        Episode(
+            index,
+            problem,
+            group,
+            stable_hash("sample", cfg.train.seed, state.step, rollbacks, group * G + k, *refill),
+        )
+        for group, (index, problem) in mine
+        for k in range(G)
+    ]
+    return generate(run.sampler, run.prompter, episodes, run.settings)
+
+
+def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> int:
+    """Score every rollout with the task's checker (on the Ray actor pool, with the same results, when
+    distributed.scorer = "ray"; fault drills wrap the checker in this process, so with them on it scores
+    locally). A checker that raises scores that sample 0 and is counted; returns how many did."""
+    if run.scorer is not None and not run.faults.wraps_scoring:
+        errors = score(run.task, rollouts, run.scorer.score)
+    else:
+        drill = run.faults.wrap_score(run.task.score, state.step) if run.faults.wraps_scoring else None
+        errors = score(run.task, rollouts, lambda p, t: score_safely(run.task, p, t, drill))
+    if errors:
+        injected = any("injected fault" in e for e in errors)
+        run.event("score_errors", state.step, count=len(errors), first=errors[0], injected=injected)
+    return len(errors)
+
+
+def pool_metrics(run: Run, state: TrainState) -> dict[str, float]:
+    """With Ray actor pools: an event for actors replaced since the last call (in this step's scoring,
+    generation, refills or the eval before it), and their count since this process started."""
+    out: dict[str, float] = {}
+    for name, pool in (("scorer", run.scorer), ("sampler", run.sampler)):
+        take = getattr(pool, "take_replaced", None)
+        if take is None:
+            continue
+        replaced = take()
+        if replaced:
+            run.event(f"{name}_worker_replaced", state.step, count=replaced, total=pool.replaced_total)
+        out[f"{name}/replaced_workers"] = float(pool.replaced_total)
+    return out
+
+
+def curriculum_phase(
+    run: Run, state: TrainState, rollouts: list[Rollout]
+) -> tuple[list[Rollout], dict[str, float], int]:
+    """Dynamic sampling (when on): replace groups without reward variance by groups of newly drawn prompts
+    (`sample_phase` and `score_phase` again), within curriculum.refill_budget. Then the problem source
+    observes every group generated this step (all ranks). Returns the batch to train on, the step's
+    curriculum/... and task/... metrics, and the refills' checker errors."""
+    cfg, world = run.cfg, run.world
+    G = cfg.rollout.group_size
+    groups = [rollouts[i : i + G] for i in range(0, len(rollouts), G)]
+    out: dict[str, float] = {}
+    generated, errors = groups, 0
+    if cfg.curriculum.dynamic_sampling:
+
+        def draw(n: int, attempt: int) -> list[list[Rollout]]:
+            nonlocal errors
+            new = sample_phase(run, state, n, attempt)
+            errors += score_phase(run, state, new)
+            return [new[i : i + G] for i in range(0, len(new), G)]
+
+        refill = fill_batch(
+            groups,
+            len(groups),
+            draw,
+            lambda g: has_signal([r.reward for r in g]),
+            refill_budget_prompts(cfg.curriculum.refill_budget, cfg.prompts_per_step, world.world_size),
+            world.world_size,
+            reduce_max=lambda x: int(max(all_gather_list([x], world))),
+            reduce_sum=lambda x: int(all_reduce_sum(x, world)),
+        )
+        generated = refill.generated
+        for j, group in enumerate(refill.batch):
+            for r in group:
+                r.group = world.rank * len(groups) + j
+        rollouts = [r for group in refill.batch for r in group]
+        out.update(refill.stats.metrics())
+        out["curriculum/generated_samples"] = all_reduce_sum(len(generated) * G, world)
+        if refill.stats.exhausted:
+            report_exhausted(run, state, refill.stats)
+    local = [(g[0].problem, tuple(r.reward for r in g), tuple(r.correct for r in g)) for g in generated]
+    outcomes = [GroupOutcome(p, rw, c) for p, rw, c in all_gather_list(local, world)]
+    run.source.observe(outcomes)
+    out.update(run.source.metrics())
+    out.update(task_metrics(outcomes))
+    return rollouts, out, errors
+
+
+def report_exhausted(run: Run, state: TrainState, stats: Any) -> None:
+    """An event on the 1st, 2nd, 4th, 8th... step in a row whose refill budget ran out."""
+    streak = 1
+    for record in reversed(run.live.history):
+        if record.get("curriculum/budget_exhausted") != 1.0:
+            break
+        streak += 1
+    if streak & (streak - 1) == 0:
+        run.event(
+            "dynamic_sampling_exhausted",
+            state.step + 1,
+            steps_in_a_row=streak,
+            dropped_groups=stats.dropped,
+            regenerated_prompts=stats.regenerated,
+            degenerate_groups_trained=stats.filled_degenerate,
+            message="refill budget spent before every group had reward variance; trained on the batch as is",
+        )
+
+
+def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
+    """Reward, accuracy, format and length statistics over the global batch."""
+    local = [
+        (
+            r.reward,
+            float(r.correct),
+            float(bool(r.info.get("formatted", r.reward > 0))),
+            len(r.completion_ids),
+            float(r.finish_reason == "length"),
+            float(is_repetitive(r.completion_ids)),
+        )
+        for r in rollouts
+    ]
+    rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 6]
+    reward, correct, formatted, length, truncated, repetitive = rows.unbind(dim=1)
+    return {
+        "reward/mean": float(reward.mean()),
+        "reward/std": float(reward.std(correction=0)),
+        "accuracy": float(correct.mean()),
+        "format_rate": float(formatted.mean()),
+        "response_length/mean": float(length.mean()),
+        "response_length/max": float(length.max()),
+        "response_length/truncated_frac": float(truncated.mean()),
+        "repetition/frac": float(repetitive.mean()),
+        "tokens/generated": float(length.sum()),
+    }

@@ -1,0 +1,111 @@
+"""The one path from problems to scored rollouts, used by training and evaluation alike.
+
+An `Episode` names what to sample: a problem (with its index and group) and the seed of the row's
+randomness. `generate` renders each problem's prompt (cached per problem), asks the sampler for one
+completion per episode and returns `Rollout`s that carry the sampled tokens and their log-probs;
+`score` runs the task's checker over them (a checker that raises scores that sample 0 and its error is
+returned, so one bad sample never ends a run or an eval). `run_episodes` does both in batches, for
+callers that do not time the two apart.
+
+Training draws its problems and seeds in `collect.py`; `keelrl eval` and the trainer's periodic eval
+in `evaluate/run.py`. Both get rollouts from here, so what an eval measures is what training samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from keelrl.rollout import Rollout, Sampler, SamplingSettings, render_prompt
+from keelrl.tasks import Score, Task, Template
+from keelrl.tasks.base import score_safely
+
+# (problems, completions) -> (scores, checker errors): the task's checker, or a pool or drill around it
+ScoreFn = Callable[[list[dict[str, Any]], list[str]], tuple[list[Score], list[str]]]
+
+PROMPT_CACHE_LIMIT = 100_000  # problems whose rendered prompt is kept; cleared when full
+
+
+@dataclass(frozen=True)
+class Episode:
+    problem_index: int
+    problem: dict[str, Any]
+    group: int  # global index of the prompt this episode belongs to (its group of samples)
+    seed: int  # drives the row's sampling randomness
+
+
+class Prompter:
+    """Problem -> (prompt token ids, assistant prefix), rendered once per problem index."""
+
+    def __init__(self, task: Task, tokenizer: PreTrainedTokenizerBase, template: Template) -> None:
+        self.task, self.tokenizer, self.template = task, tokenizer, template
+        self.cache: dict[int, tuple[list[int], str]] = {}
+
+    def __call__(self, index: int, problem: dict[str, Any]) -> tuple[list[int], str]:
+        if index not in self.cache:
+            if len(self.cache) > PROMPT_CACHE_LIMIT:
+                self.cache.clear()
+            prompt = self.task.prompt(problem, self.template)
+            ids = render_prompt(self.tokenizer, prompt, self.template)
+            self.cache[index] = (ids, prompt.assistant_prefix)
+        return self.cache[index]
+
+
+def generate(
+    sampler: Sampler, prompter: Prompter, episodes: Sequence[Episode], settings: SamplingSettings
+) -> list[Rollout]:
+    """One completion per episode, as unscored rollouts (all tokens trainable: single-turn)."""
+    prompts = [prompter(e.problem_index, e.problem) for e in episodes]
+    gens = sampler.generate([ids for ids, _ in prompts], settings, [e.seed for e in episodes])
+    return [
+        Rollout(
+            problem_index=e.problem_index,
+            problem=e.problem,
+            group=e.group,
+            prompt_ids=ids,
+            completion_ids=gen.completion_ids,
+            sample_logprobs=gen.logprobs,
+            trainable=[1] * len(gen.completion_ids),
+            finish_reason=gen.finish_reason,
+            policy_version=sampler.policy_version,
+            sampling=settings,
+            text=prompter.tokenizer.decode(gen.completion_ids, skip_special_tokens=True),
+            prefix=prefix,
+        )
+        for e, (ids, prefix), gen in zip(episodes, prompts, gens)
+    ]
+
+
+def score(task: Task, rollouts: Sequence[Rollout], score_fn: ScoreFn | None = None) -> list[str]:
+    """Score each rollout's assistant prefix + completion text in place (reward, correct, info); returns
+    the checker errors (those samples scored 0 with info reason `score_error`)."""
+    problems = [r.problem for r in rollouts]
+    texts = [r.prefix + r.text for r in rollouts]
+    scores, errors = (score_fn or (lambda p, t: score_safely(task, p, t)))(problems, texts)
+    for r, s in zip(rollouts, scores):
+        r.reward, r.correct, r.info = s.reward, s.correct, dict(s.info)
+    return errors
+
+
+def run_episodes(
+    sampler: Sampler,
+    prompter: Prompter,
+    episodes: Sequence[Episode],
+    settings: SamplingSettings,
+    batch_size: int = 0,
+    on_batch: Callable[[list[Rollout]], None] | None = None,
+) -> list[Rollout]:
+    """`generate` then `score`, `batch_size` episodes at a time (0: all at once); `on_batch` sees each
+    scored batch (progress bars)."""
+    size = batch_size or max(len(episodes), 1)
+    out: list[Rollout] = []
+    for start in range(0, len(episodes), size):
+        batch = generate(sampler, prompter, episodes[start : start + size], settings)
+        score(prompter.task, batch)
+        out.extend(batch)
+        if on_batch is not None:
+            on_batch(batch)
+    return out

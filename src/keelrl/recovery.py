@@ -1,0 +1,298 @@
+"""Recovery: checkpoints, the guards' actions (rollback, stop), preemption and the final export.
+
+A checkpoint is snapshotted to CPU memory and committed atomically by rank 0 (in a background thread
+when checkpoint.async_save); its bookkeeping (events, pruning, status) happens in the main thread in
+`collect_saves`. A rollback returns to the newest verified checkpoint marked healthy that was taken before
+the trouble began, skips the problems drawn since, and sets aside the checkpoints after it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+import time
+from typing import Any
+
+from torch.distributed.checkpoint import CheckpointException
+
+from keelrl import checkpoint as ckpt
+from keelrl.config import config_to_dict
+from keelrl.distributed import broadcast_object, is_sharded, save_sharded
+from keelrl.guards import Finding, Guardian
+from keelrl.models import model_summary, save_hf_dir
+from keelrl.run import GuardStop, Run
+from keelrl.state import TrainState
+
+
+def save_checkpoint(
+    run: Run, state: TrainState, metrics: dict[str, float], reason: str, wait: bool = False
+) -> None:
+    """Snapshot `state` to CPU memory and commit it (rank 0 writes), in the background when
+    checkpoint.async_save. A sharded policy's ranks first write their shards (synchronously) into the
+    directory that becomes the checkpoint. Bookkeeping (events, pruning, status) happens in `collect_saves`."""
+    t0 = time.perf_counter()
+    optimizer_state, staged = None, None
+    if is_sharded(state.policy):
+        staged = run.on_writer(lambda: ckpt.stage_dir(run.run_dir.checkpoints, state.step))
+        try:
+            with_state = save_sharded(state.policy, state.optimizer, str(staged / ckpt.SHARDED))
+        except (CheckpointException, OSError) as err:  # every rank sees the failure (DCP gathers them)
+            if run.world.is_writer:
+                shutil.rmtree(staged, ignore_errors=True)
+                run.event("checkpoint_failed", state.step, reason=f"writing the shards failed: {err}")
+            return
+        optimizer_state = {"format": "sharded", "with_state": with_state}
+    if not run.world.is_writer:
+        return
+    cfg = run.cfg
+    run.faults.before_save(state.step)
+    run.heartbeat.beat(force=True, phase="checkpoint")
+    ckpt_metrics = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+    extra = {"metrics": ckpt_metrics, "reason": reason, "snapshot_time": time.time()}
+    snap = ckpt.snapshot(
+        state, run.tokenizer, config_to_dict(cfg), extra, run.whole_policy(state), optimizer_state
+    )
+    stall = time.perf_counter() - t0
+    if run.saver is not None:
+        stall += run.saver.submit(snap, run.run_dir.checkpoints, run.live.guardian.healthy, staged)
+        if wait:
+            run.saver.wait()
+    else:
+        try:
+            path = ckpt.write_snapshot(snap, run.run_dir.checkpoints, run.live.guardian.healthy, staged)
+            run.live.save_results.put((path, None, snap))
+        except ckpt.CheckpointError as err:
+            run.live.save_results.put((None, err, snap))
+        stall = time.perf_counter() - t0
+    run.live.save_stalls.append((state.step, stall, time.perf_counter() - t0))
+    collect_saves(run)
+
+
+def collect_saves(run: Run) -> None:
+    """Handle finished checkpoint writes in the main thread: events, pruning, status, drills."""
+    cfg = run.cfg
+    while not run.live.save_results.empty():
+        path, err, snap = run.live.save_results.get()
+        if err is not None or path is None:
+            run.event("checkpoint_failed", snap.step, reason=str(err))
+            continue
+        # keep a healthy checkpoint from before the guards' lookback, so a rollback can land before trouble
+        anchor = ckpt.rollback_anchor(run.run_dir.checkpoints, snap.step - cfg.guards.skip_window)
+        deleted = ckpt.prune(
+            run.run_dir.checkpoints,
+            cfg.checkpoint.keep_last,
+            cfg.checkpoint.keep_best,
+            cfg.checkpoint.best_metric,
+            protect=(anchor,) if anchor and cfg.guards.enabled else (),
+        )
+        written_s = time.time() - snap.state.get("snapshot_time", time.time())
+        run.ckpt_policy.record_save(written_s)
+        run.event(
+            "checkpoint",
+            snap.step,
+            path=path.name,
+            reason=snap.state.get("reason"),
+            seconds=round(written_s, 3),
+            deleted=[p.name for p in deleted],
+        )
+        run.report_status(last_checkpoint=path.name)
+        run.faults.after_save(path, snap.step)
+
+
+def update_best(run: Run, state: TrainState, metrics: dict[str, float]) -> bool:
+    """Track the best value of checkpoint.best_metric; True when this step set a new best."""
+    value = metrics.get(run.cfg.checkpoint.best_metric)
+    if value is None or (state.best_metric is not None and value <= state.best_metric):
+        return False
+    state.best_metric, state.best_step = float(value), state.step
+    return True
+
+
+def guard_phase(run: Run, state: TrainState) -> str:
+    """Run the divergence rules on the history so far and act: returns "ok", "rollback" (done) or "stop".
+    Every rank runs it on the same history (log_step broadcasts rank 0's records), so all decide alike."""
+    action, changed, findings = run.live.guardian.after_step(run.live.history)
+    for f in changed:
+        run.event(
+            "guard",
+            state.step,
+            rule=f.name,
+            severity=f.severity,
+            action=f.action,
+            first_step=f.steps[0],
+            evidence=f.evidence,
+            message=f.message,
+            suggestion=f.suggestion,
+        )
+    trigger = next((f for f in findings if f.action == action), None)
+    if run.live.escalate:
+        run.live.escalate = False
+        recent = run.live.guardian.state["recent_skips"]
+        trigger = Finding(
+            "too_many_skips",
+            "critical",
+            (recent[0], state.step),
+            {"skips": float(len(recent))},
+            f"{len(recent)} updates skipped within {run.cfg.guards.skip_window} steps",
+            "see the skip events for which guard fired",
+            "rollback",
+        )
+        action = "rollback"
+    if action == "rollback" and trigger is not None:
+        return "rollback" if rollback(run, state, trigger) else "stop"
+    if action == "stop" and trigger is not None:
+        run.event(
+            "guard_stop",
+            state.step,
+            rule=trigger.name,
+            evidence=trigger.evidence,
+            message=trigger.message,
+            suggestion=trigger.suggestion,
+        )
+        return "stop"
+    return "ok"
+
+
+def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
+    """Return to the newest verified checkpoint marked healthy and taken before the trouble began, skip the
+    problems drawn since (they are not replayed), optionally scale the learning rate. Checkpoints after the
+    target are set aside (renamed `rolled_back-...`), so a crash now cannot resume into the trouble.
+    Returns False when no rollback is possible (none left, or no healthy checkpoint): the run then stops."""
+    cfg = run.cfg.guards
+    if not run.live.guardian.can_roll_back():
+        run.event(
+            "guard_stop",
+            state.step,
+            rule=trigger.name,
+            reason=f"guards.max_rollbacks={cfg.max_rollbacks} used up",
+            evidence=trigger.evidence,
+            message=trigger.message,
+        )
+        return False
+    if run.saver is not None:
+        run.saver.wait()
+    collect_saves(run)
+    target = None
+    if run.world.is_writer:
+        for path in ckpt.committed(run.run_dir.checkpoints):
+            manifest_ok = ckpt.verify(path) is None and ckpt.read_manifest(path).get("healthy", True)
+            if manifest_ok and int(ckpt.read_manifest(path)["step"]) < trigger.steps[0]:
+                target = path
+                break
+    target = broadcast_object(target, run.world)  # every rank loads the checkpoint rank 0 chose
+    if target is None:
+        run.event(
+            "guard_stop",
+            state.step,
+            rule=trigger.name,
+            reason="no healthy checkpoint from before the trouble",
+            evidence=trigger.evidence,
+            message=trigger.message,
+        )
+        return False
+    guards = dict(run.live.guardian.state)
+    cursor = run.source.state_dict()
+    from_step = state.step
+    ckpt.load_into(target, state)
+    guards["rollbacks"] += 1
+    guards["lr_scale"] *= cfg.rollback_lr_scale
+    guards["recent_skips"], guards["active"] = [], {}
+    state.guards = guards
+    run.live.guardian = Guardian(cfg, state.guards)
+    run.source.load_state_dict(cursor)
+    state.curriculum = cursor
+    if cfg.rollback_lr_scale != 1.0:
+        sched = state.scheduler
+        sched.base_lrs = [lr * cfg.rollback_lr_scale for lr in sched.base_lrs]
+        for group, lr in zip(state.optimizer.param_groups, sched.get_last_lr()):
+            group["lr"] = lr * cfg.rollback_lr_scale
+    if run.world.is_writer:
+        for path in ckpt.committed(run.run_dir.checkpoints):
+            if int(path.name.removeprefix("step_")) > state.step:
+                path.rename(path.with_name(f"rolled_back-{path.name}-r{guards['rollbacks']}"))
+    run.run_dir.truncate_after(state.step)
+    run.live.history = [r for r in run.live.history if int(r.get("step", -1)) <= state.step]
+    run.sync_sampler(state)
+    run.event(
+        "rollback",
+        from_step,
+        to_step=state.step,
+        checkpoint=target.name,
+        rule=trigger.name,
+        evidence=trigger.evidence,
+        message=trigger.message,
+        lr_scale=guards["lr_scale"],
+        rollbacks=guards["rollbacks"],
+        skipped_problems_from=cursor,
+    )
+    save_checkpoint(run, state, {}, "rollback", wait=True)
+    return True
+
+
+def stop_run(run: Run, state: TrainState) -> dict[str, Any]:
+    """A guard asked to stop: keep a checkpoint of where we are (marked unhealthy) and say why."""
+    save_checkpoint(run, state, {}, "stopped", wait=True)
+    collect_saves(run)
+    run.report_status(state="stopped", step=state.step)
+    raise GuardStop(
+        f"stopped by guards at step {state.step}; see events.jsonl (kind guard_stop) and `keelrl doctor`"
+    )
+
+
+def install_sigterm(run: Run) -> Any:
+    """SIGTERM (preemption, or the supervisor passing one on) asks for a checkpoint at the end of the step."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, _frame: Any) -> None:
+        run.live.stop_requested = True
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def preempt(run: Run, state: TrainState, metrics: dict[str, float]) -> dict[str, Any]:
+    save_checkpoint(run, state, metrics, "preempted", wait=True)
+    collect_saves(run)
+    run.event("preempted", state.step, action="checkpoint saved, exiting cleanly")
+    run.report_status(state="preempted", step=state.step)
+    return {"state": "preempted", "steps": state.step}
+
+
+def finish(run: Run, state: TrainState) -> dict[str, Any]:
+    """Final checkpoint, HF export of the final policy, summary.json."""
+    cfg = run.cfg
+    final_eval = state.last_eval if state.last_eval.get("step") == state.step else {}
+    latest = run.on_writer(lambda: [p.name for p in ckpt.committed(run.run_dir.checkpoints)][:1])
+    if latest != [ckpt.step_dir_name(state.step)]:
+        save_checkpoint(run, state, final_eval, "final", wait=True)
+    if run.saver is not None:
+        run.saver.wait()
+    collect_saves(run)
+    summary: dict[str, Any] = {}
+    if run.world.is_writer:
+        policy = run.whole_policy(state)
+        save_hf_dir(policy, run.tokenizer, run.run_dir.final_dir)
+        initial = next((m for m in run.run_dir.metrics() if m.get("step") == 0 and "eval/accuracy" in m), {})
+        summary = {
+            "state": "finished",
+            "steps": state.step,
+            "final_eval": {k.removeprefix("eval/"): v for k, v in final_eval.items() if k != "step"},
+            "initial_eval": {k.removeprefix("eval/"): v for k, v in initial.items() if k.startswith("eval/")},
+            "best": {
+                "metric": cfg.checkpoint.best_metric,
+                "value": state.best_metric,
+                "step": state.best_step,
+            },
+            "weights_sha256": ckpt.weights_sha256(policy),
+            "final_dir": str(run.run_dir.final_dir),
+            "wall_seconds": time.time() - run.started,
+            "model": model_summary(policy),
+            "checkpoint_stalls": [
+                {"step": st, "stall_s": round(a, 4), "total_s": round(b, 4)}
+                for st, a, b in run.live.save_stalls
+            ],
+        }
+        run.run_dir.write_summary(summary)
+        run.report_status(state="finished", step=state.step)
+    return summary

@@ -1,0 +1,113 @@
+"""What a training run is made of, split by how long each part lives.
+
+- `TrainState` (state.py): everything a restart needs; saved in every checkpoint.
+- `Run`: fixed for the life of one worker process once `setup` has built it: the config, the world,
+  the run directory, tokenizer, task, sampler, sinks. Nothing in the loop assigns to it.
+- `Live`: what changes while the process runs but is not needed by a restart, because it is rebuilt
+  from the run directory or from `TrainState` (the metric history the rules read, the guard engine,
+  pending checkpoint results, a SIGTERM's stop request, the prompt cache).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from keelrl import checkpoint as ckpt
+from keelrl.config import Config
+from keelrl.curriculum import ProblemSource
+from keelrl.distributed import World, broadcast_object, full_state_dict, is_sharded
+from keelrl.episodes import Prompter
+from keelrl.faults import FaultInjector
+from keelrl.guards import Guardian
+from keelrl.monitor.run_dir import RunDir
+from keelrl.monitor.sinks import ConsoleSink, Sink
+from keelrl.rollout import Sampler, SamplingSettings
+from keelrl.state import TrainState
+from keelrl.supervisor import Heartbeat
+from keelrl.tasks import Task
+
+
+class GuardStop(RuntimeError):
+    """A guard decided the run must stop; the worker exits with EXIT_GUARD_STOP and is not restarted."""
+
+
+class ResumeError(RuntimeError):
+    """The run directory cannot be resumed as asked; the message lists what is wrong."""
+
+
+@dataclass
+class Live:
+    """What changes during the run and is rebuilt, not restored, after a restart."""
+
+    guardian: Guardian
+    history: list[dict[str, Any]]  # metric records so far (what the rules read), identical on every rank
+    save_results: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)  # (path, error, snapshot)
+    save_stalls: list[tuple[int, float, float]] = field(default_factory=list)  # (step, stall s, total s)
+    stop_requested: bool = False  # SIGTERM: checkpoint at the end of this step and exit
+    escalate: bool = False  # too many skipped updates: roll back after this step
+
+
+@dataclass
+class Run:
+    """What stays fixed during a run (built by `setup.setup`)."""
+
+    cfg: Config
+    world: World
+    run_dir: RunDir
+    tokenizer: PreTrainedTokenizerBase
+    task: Task
+    prompter: Prompter  # problem -> prompt token ids, cached
+    source: ProblemSource  # which problems next; its cursor is saved in TrainState.curriculum
+    sampler: Sampler
+    settings: SamplingSettings
+    eval_settings: SamplingSettings
+    live: Live
+    # what the update's forward runs through: LogprobModule(policy), wrapped by DDP or sharded by FSDP2
+    train_module: torch.nn.Module | None
+    # the whole-weights model the sampler and evals use: the policy itself, or a copy when it is sharded
+    sampler_model: PreTrainedModel
+    update_share_prefix: bool  # train.share_prefix for the update; off when the policy is sharded
+    heartbeat: Heartbeat
+    supervised: bool
+    faults: FaultInjector
+    ckpt_policy: ckpt.CheckpointPolicy
+    saver: ckpt.AsyncCheckpointer | None
+    scorer: Any = None  # Ray actors scoring rewards (distributed.scorer = "ray"), else None
+    console: ConsoleSink | None = None
+    sinks: list[Sink] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+
+    def report_status(self, **fields: Any) -> None:
+        """Live status: the heartbeat always; status.json too unless a supervisor owns it."""
+        self.heartbeat.beat(force=True, **fields)
+        if not self.supervised:
+            self.run_dir.write_status(pid=os.getpid(), **fields)
+
+    def event(self, kind: str, step: int, **fields: Any) -> None:
+        self.run_dir.event(kind, step, **fields)
+        if self.console is not None and kind != "checkpoint":
+            self.console.message(f"[{kind}] step {step}: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
+
+    def on_writer(self, decide: Callable[[], Any]) -> Any:
+        """`decide()` evaluated on rank 0 and broadcast: for decisions that read files or clocks and must be
+        the same on every rank (whether to save, what is committed)."""
+        return broadcast_object(decide() if self.world.is_writer else None, self.world)
+
+    def whole_policy(self, state: TrainState) -> PreTrainedModel:
+        """The policy with whole weights: itself, or the sampler's copy (kept in sync) when it is sharded."""
+        return self.sampler_model if is_sharded(state.policy) else state.policy
+
+    def sync_sampler(self, state: TrainState) -> None:
+        """Hand the sampler the current weights, tagged with the policy version. A sharded policy is
+        gathered (every rank takes part) into the whole-weights copy first."""
+        if is_sharded(state.policy):
+            self.sampler_model.load_state_dict(full_state_dict(state.policy))
+        self.sampler.sync_weights(self.sampler_model, state.policy_version)  # TEMP until rollout/ lands

@@ -1,0 +1,386 @@
+"""The update: advantages over the global batch, the training batch, and the optimizer step.
+
+The update sees only per-token tensors (log-prob, old log-prob, advantage, mask) and the objective
+chosen by `algo.objective` (algo/objectives.py); group logic stays in the advantage estimators.
+`ppo_epochs` passes, each split into `minibatches` optimizer steps, each accumulated over micro-batches
+whose loss weights use global token and sequence counts, so the gradient is the same for any
+micro-batch size and any number of ranks. Each optimizer step is first judged by the per-step guards
+and skipped (gradient dropped) when one fires.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from keelrl.algo.advantages import compute_advantages
+from keelrl.algo.logprobs import Autocast, LogprobModule, autocast_context
+from keelrl.algo.losses import kl_penalty, ppo_clip_loss, token_weights, truncated_is_weights
+from keelrl.config import AlgoConfig
+from keelrl.distributed import (
+    World,
+    agree_on_norm,
+    all_gather_list,
+    all_reduce_stats,
+    all_reduce_sum,
+    grad_sync,
+    loss_scale,
+)
+from keelrl.guards import check_update
+from keelrl.rollout import Rollout
+from keelrl.run import Run
+from keelrl.state import TrainState
+from keelrl.supervisor import pulse
+from keelrl.tasks.base import stable_hash
+
+
+def advantage_phase(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, float], float]:
+    """Advantages from the global batch's rewards (every rank gathers all rewards, so batch-level
+    estimators see the same numbers everywhere, and keeps its own slice). Returns the estimator's metrics
+    and the batch's mean |advantage| (the per-step guards scale their loss bound by it)."""
+    a = run.cfg.algo
+    local = [r.reward for r in rollouts]
+    rewards = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)
+    adv, metrics = compute_advantages(
+        rewards, run.cfg.rollout.group_size, a.advantage, a.std_eps, a.group_baseline
+    )
+    offset = run.world.rank * len(rollouts)
+    for r, value in zip(rollouts, adv[offset : offset + len(rollouts)].tolist()):
+        r.advantage = value
+    return metrics, metrics["advantage/abs_mean"]
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded sequences (prompt + completion). target_mask[i, t] = 1 where position t predicts a
+    trainable completion token (built from prompt and completion lengths, never from pad ids); the
+    per-token tensors are aligned with it."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    target_mask: torch.Tensor  # [B, T]
+    sampler_logprobs: torch.Tensor  # [B, T]
+    advantages: torch.Tensor  # [B]
+    lengths: torch.Tensor  # [B]
+    old_logprobs: torch.Tensor | None = None  # [B, T] pi_old for the PPO ratio
+    ref_logprobs: torch.Tensor | None = None  # [B, T] reference policy, when KL is on
+    is_weights: torch.Tensor | None = None  # [B, T] truncated IS weights, when on
+
+    def select(self, idx: torch.Tensor) -> TrainBatch:
+        T = int(self.lengths[idx].max())
+
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[idx, :T]
+
+        return TrainBatch(
+            self.input_ids[idx, :T],
+            self.attention_mask[idx, :T],
+            self.target_mask[idx, :T],
+            self.sampler_logprobs[idx, :T],
+            self.advantages[idx],
+            self.lengths[idx],
+            cut(self.old_logprobs),
+            cut(self.ref_logprobs),
+            cut(self.is_weights),
+        )
+
+
+def collate(rollouts: list[Rollout], pad_id: int, device: torch.device) -> TrainBatch:
+    B = len(rollouts)
+    lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rollouts]
+    T = max(lengths)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    target = torch.zeros((B, T), dtype=torch.float32)
+    slp = torch.zeros((B, T), dtype=torch.float32)
+    for i, r in enumerate(rollouts):
+        P, C = len(r.prompt_ids), len(r.completion_ids)
+        input_ids[i, : P + C] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
+        attn[i, : P + C] = 1
+        if C:
+            target[i, P - 1 : P - 1 + C] = torch.tensor(r.trainable, dtype=torch.float32)
+            slp[i, P - 1 : P - 1 + C] = torch.tensor(r.sample_logprobs, dtype=torch.float32)
+    adv = torch.tensor([r.advantage for r in rollouts], dtype=torch.float32)
+    return TrainBatch(
+        input_ids.to(device),
+        attn.to(device),
+        target.to(device),
+        slp.to(device),
+        adv.to(device),
+        torch.tensor(lengths, device=device),
+    )
+
+
+def micro_batches(
+    batch: TrainBatch, idx: torch.Tensor, size: int, group_prompts: bool = False
+) -> list[TrainBatch]:
+    """Split the mini-batch `idx` into micro-batches of similar lengths (less padding). With `group_prompts`
+    (prefix sharing), rows with the same prompt are kept next to each other (ordered by prompt length, prompt,
+    then length), so a micro-batch holds few distinct prompts and runs each once. The loss does not depend on
+    the split: weights use global counts."""
+    if not group_prompts:
+        order = idx[torch.argsort(batch.lengths[idx], stable=True)]
+    else:
+        mask = batch.target_mask[idx].bool()  # [b, T]
+        first = torch.where(mask.any(dim=1), mask.float().argmax(dim=1), batch.lengths[idx] - 1).tolist()
+        ids, lengths = batch.input_ids[idx].tolist(), batch.lengths[idx].tolist()
+        keys = [(first[i], ids[i][: first[i]], lengths[i]) for i in range(len(first))]
+        order = idx[
+            torch.tensor(sorted(range(len(keys)), key=keys.__getitem__), dtype=torch.long, device=idx.device)
+        ]
+    return [batch.select(order[i : i + size]) for i in range(0, len(order), size)]
+
+
+def as_logprob_module(model: torch.nn.Module) -> torch.nn.Module:
+    """A policy as the module the update calls (models pass through `LogprobModule`; wrapped ones as they are)."""
+    return LogprobModule(model) if isinstance(model, PreTrainedModel) else model
+
+
+def forward_logprobs(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    micro_batch_size: int,
+    temperature: float,
+    share_prefix: bool = True,
+    autocast: Autocast = "off",
+) -> torch.Tensor:
+    """Log-probs [B, T] of every completion token of the batch under `model` (a policy, or the run's
+    train_module), micro-batched, no gradient."""
+    module = as_logprob_module(model)
+    out = torch.zeros_like(batch.sampler_logprobs)
+    B = batch.input_ids.shape[0]
+    for start in range(0, B, micro_batch_size):
+        idx = torch.arange(start, min(start + micro_batch_size, B), device=batch.input_ids.device)
+        mb = batch.select(idx)
+        with torch.no_grad(), autocast_context(mb.input_ids.device, autocast):
+            lp, _ = module(
+                mb.input_ids, mb.attention_mask, mb.target_mask, temperature, share_prefix=share_prefix
+            )
+        out[idx, : lp.shape[1]] = lp
+    return out
+
+
+def prepare_batch(
+    run: Run, state: TrainState, rollouts: list[Rollout]
+) -> tuple[TrainBatch, dict[str, float]]:
+    """Collate, and attach old-policy, reference and IS-weight log-probs. Measures the sampler/trainer
+    log-prob gap whenever the trainer recomputes (mismatch/*)."""
+    cfg, a, world = run.cfg, run.cfg.algo, run.world
+    batch = collate(rollouts, run.tokenizer.pad_token_id or 0, world.device)
+    temp, mbs = run.settings.temperature, cfg.train.micro_batch_size
+    # tokens the update runs the model over (prompt + completion, no padding), global
+    metrics: dict[str, float] = {"tokens/trained": all_reduce_sum(float(batch.lengths.sum()), world)}
+    share, autocast = run.update_share_prefix, cfg.train.autocast
+    if state.ref_policy is not None:
+        batch.ref_logprobs = forward_logprobs(state.ref_policy, batch, mbs, temp, share, autocast)
+    if a.old_logprobs == "recompute" or a.tis_cap > 0:
+        assert run.train_module is not None  # set by setup for every world size
+        batch.old_logprobs = forward_logprobs(run.train_module, batch, mbs, temp, share, autocast)
+        metrics.update(mismatch_metrics(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, world))
+    else:
+        batch.old_logprobs = batch.sampler_logprobs
+    if a.tis_cap > 0:
+        batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.sampler_logprobs, a.tis_cap)
+    return batch, metrics
+
+
+def mismatch_metrics(
+    trainer_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor, world: World
+) -> dict[str, float]:
+    """Sampler vs trainer on the same tokens: mismatch/kl is the token mean of k3(sampler || trainer) (an
+    estimate of KL between the two), mismatch/max_abs the largest |log-prob gap|."""
+    log_r = (trainer_lp - sampler_lp).clamp(-20, 20) * mask
+    k3 = (torch.exp(log_r) - 1 - log_r) * mask
+    n = all_reduce_sum(float(mask.sum()), world)
+    return {
+        "mismatch/kl": all_reduce_sum(float(k3.sum()), world) / max(n, 1.0),
+        "mismatch/max_abs": float((log_r.abs() * mask).max()) if mask.any() else 0.0,
+    }
+
+
+def update_phase(
+    run: Run, state: TrainState, batch: TrainBatch, advantage_abs_mean: float
+) -> dict[str, float]:
+    """PPO-style update: `ppo_epochs` passes, each split into `minibatches` optimizer steps, each
+    accumulated over micro-batches with global-count loss weights. Each optimizer step is first judged
+    by the per-step guards and skipped (gradient dropped) when one fires."""
+    cfg, a, world = run.cfg, run.cfg.algo, run.world
+    policy = state.policy
+    assert run.train_module is not None  # set by setup for every world size
+    B = batch.input_ids.shape[0]
+    sums: dict[str, float] = {}
+    ratio_max = 0.0
+    skipped = nonfinite = 0
+    lr = state.optimizer.param_groups[0]["lr"]
+    mb_size = B // a.minibatches
+    for epoch in range(a.ppo_epochs):
+        perm = torch.arange(B, device=world.device)
+        if a.minibatches > 1:
+            g = torch.Generator().manual_seed(
+                stable_hash("minibatch", cfg.train.seed, state.step, epoch) % 2**63
+            )
+            perm = torch.randperm(B, generator=g).to(world.device)
+        for m in range(a.minibatches):
+            state.optimizer.zero_grad(set_to_none=True)
+            stats = minibatch_backward(
+                run.train_module,
+                batch,
+                perm[m * mb_size : (m + 1) * mb_size],
+                a,
+                cfg.train.micro_batch_size,
+                run.settings.temperature,
+                cfg.rollout.max_new_tokens,
+                world,
+                share_prefix=run.update_share_prefix,
+                autocast=cfg.train.autocast,
+            )
+            ratio_max = max(ratio_max, stats.pop("ratio/max"))
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0.0) + value
+            run.faults.corrupt_gradients(state.step + 1, policy)
+            grad_norm = agree_on_norm(grad_norm_and_clip(policy, a.grad_clip), world)
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
+            finding = None
+            if run.cfg.guards.enabled:
+                finding = check_update(
+                    run.live.history,
+                    state.step + 1,
+                    stats.get("loss/total", 0.0),
+                    grad_norm,
+                    ratio_max,
+                    advantage_abs_mean,
+                    run.cfg.guards,
+                )
+            if finding is not None and finding.action == "skip":
+                state.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                nonfinite += finding.name == "nonfinite"
+                run.live.escalate = run.live.guardian.record_skip(state.step + 1) or run.live.escalate
+                run.event(
+                    "skip",
+                    state.step + 1,
+                    rule=finding.name,
+                    evidence=finding.evidence,
+                    message=finding.message,
+                    epoch=epoch,
+                    minibatch=m,
+                )
+                continue
+            state.optimizer.step()
+    with warnings.catch_warnings():
+        # The schedule follows the RL step, skipped updates included, so that a guard's skip (or a resume)
+        # never shifts the learning rate; PyTorch warns when the run's first optimizer step was skipped.
+        warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+        state.scheduler.step()
+    state.policy_version += 1
+    run.sync_sampler(state)
+    passes = a.ppo_epochs * a.minibatches
+    out = {k: v / passes for k, v in sums.items()}
+    out["ratio/max"] = ratio_max
+    out["lr"] = lr
+    out["guard/skipped_updates"] = float(skipped)
+    out["guard/nonfinite_updates"] = float(nonfinite)
+    return out
+
+
+def minibatch_backward(
+    policy: torch.nn.Module,
+    batch: TrainBatch,
+    idx: torch.Tensor,
+    algo: AlgoConfig,
+    micro_batch_size: int,
+    temperature: float,
+    max_new_tokens: int,
+    world: World,
+    share_prefix: bool = True,
+    autocast: Autocast = "off",
+) -> dict[str, float]:
+    """Accumulate into .grad the gradient of the mini-batch `idx`'s loss, one micro-batch at a time.
+    Every micro-batch is weighted with the mini-batch's global token and sequence counts, so the summed
+    gradient (and loss) is the same for any micro_batch_size and any number of ranks. Returns the
+    mini-batch's loss terms and statistics (token-weighted like the loss). `policy` is a model or the
+    run's train_module (DDP / FSDP2: gradients are summed over ranks on the last micro-batch)."""
+    a = algo
+    module = as_logprob_module(policy)
+    scale = loss_scale(world)
+    g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
+    g_seqs = all_reduce_sum(float(len(idx)), world)
+    sums: dict[str, float] = {"ratio/max": 0.0}
+
+    def add(key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
+
+    mbs = list(micro_batches(batch, idx, micro_batch_size, group_prompts=share_prefix))
+    for i, mb in enumerate(mbs):
+        pulse()
+        with grad_sync(module, i == len(mbs) - 1):  # ranks sum their gradients once, on the last one
+            with autocast_context(mb.input_ids.device, autocast):
+                lp, ent = module(
+                    mb.input_ids,
+                    mb.attention_mask,
+                    mb.target_mask,
+                    temperature,
+                    with_entropy=True,
+                    entropy_grad=a.entropy_coef > 0,
+                    share_prefix=share_prefix,
+                )  # [b, T]
+            assert ent is not None
+            w = token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens)  # [b, T]
+            loss, stats = microbatch_loss(lp, ent, w, mb, a)
+            (loss * scale).backward()
+        for key, value in stats.items():
+            if key == "ratio/max":
+                sums[key] = max(sums[key], value)
+            else:
+                add(key, value)
+    return all_reduce_stats(sums, world)
+
+
+def microbatch_loss(
+    lp: torch.Tensor, ent: torch.Tensor, w: torch.Tensor, mb: TrainBatch, a: AlgoConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The micro-batch's share of the mini-batch loss (token weights `w` [b, T] carry the global
+    normaliser) and its statistics, weighted the same way."""
+    assert mb.old_logprobs is not None
+    stats: dict[str, float] = {}
+    adv = mb.advantages[:, None].expand_as(lp)  # [b, T]
+    pg, pstats = ppo_clip_loss(lp, mb.old_logprobs, adv, a.clip_low, a.clip_high, a.dual_clip)
+    if mb.is_weights is not None:
+        pg = pg * mb.is_weights
+    policy_loss = (pg * w).sum()
+    loss = policy_loss
+    if mb.ref_logprobs is not None:
+        kl_term = (kl_penalty(lp, mb.ref_logprobs, a.kl_estimator) * w).sum()
+        loss = loss + a.kl_coef * kl_term
+        stats["kl/ref"] = float(kl_term.detach())
+    ent_term = (ent * w).sum()
+    if a.entropy_coef > 0:
+        loss = loss - a.entropy_coef * ent_term
+    with torch.no_grad():
+        stats["loss/policy"] = float(policy_loss)
+        stats["loss/total"] = float(loss)
+        stats["entropy"] = float(ent_term)
+        stats["clipfrac/low"] = float((pstats["clipped_low"] * w).sum())
+        stats["clipfrac/high"] = float((pstats["clipped_high"] * w).sum())
+        log_r = (mb.old_logprobs - lp).clamp(-20, 20)
+        stats["kl/old"] = float(((torch.exp(log_r) - 1 - log_r) * w).sum())
+        stats["ratio/max"] = (
+            float(pstats["ratio"][mb.target_mask.bool()].max()) if mb.target_mask.any() else 0.0
+        )
+    return loss, stats
+
+
+def grad_norm_and_clip(model: torch.nn.Module, clip: float) -> float:
+    """Global L2 norm of the gradients (before clipping); clips in place when clip > 0."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(
+        params, clip if clip > 0 else float("inf"), error_if_nonfinite=False
+    )
+    if hasattr(norm, "full_tensor"):  # sharded parameters (FSDP2): the norm is a DTensor
+        norm = norm.full_tensor()
+    return float(norm)
