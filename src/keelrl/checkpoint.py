@@ -164,11 +164,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-# A hook tests use to simulate faults (ENOSPC, a kill) at a precise point of the write; called with the
-# name of each file just written. None in normal runs.
-WRITE_HOOK: Callable[[str], None] | None = None
-
-
 def stage_dir(checkpoints_dir: Path, step: int) -> Path:
     """A new, empty temporary directory for checkpoint `step`, for files written before `write_snapshot`
     (the shards every rank of a sharded run writes); pass it to `write_snapshot` as `staged`."""
@@ -181,11 +176,16 @@ def stage_dir(checkpoints_dir: Path, step: int) -> Path:
 
 
 def write_snapshot(
-    snap: Snapshot, checkpoints_dir: Path, healthy: bool = True, staged: Path | None = None
+    snap: Snapshot,
+    checkpoints_dir: Path,
+    healthy: bool = True,
+    staged: Path | None = None,
+    on_file: Callable[[str], None] | None = None,
 ) -> Path:
     """Write `snap` as a committed checkpoint and point `latest` at it; files already in `staged` (from
     `stage_dir`) become part of it. Raises CheckpointError (with the temporary directory removed) when the
-    disk refuses; the previous checkpoints are untouched."""
+    disk refuses; the previous checkpoints are untouched. `on_file(name)` is called after each file is
+    written (the `[faults]` drills fail or kill the save there)."""
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     name = step_dir_name(snap.step)
     final = checkpoints_dir / name
@@ -202,8 +202,8 @@ def write_snapshot(
         def done(fname: str) -> None:
             _fsync_file(tmp / fname)
             files.append(fname)
-            if WRITE_HOOK is not None:
-                WRITE_HOOK(fname)
+            if on_file is not None:
+                on_file(fname)
 
         save_file(snap.weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
         done(WEIGHTS)
@@ -419,7 +419,12 @@ class AsyncCheckpointer:
         self._thread: threading.Thread | None = None
 
     def submit(
-        self, snap: Snapshot, checkpoints_dir: Path, healthy: bool, staged: Path | None = None
+        self,
+        snap: Snapshot,
+        checkpoints_dir: Path,
+        healthy: bool,
+        staged: Path | None = None,
+        on_file: Callable[[str], None] | None = None,
     ) -> float:
         """Start writing (arguments as for `write_snapshot`); returns the seconds spent waiting for a previous
         write."""
@@ -429,7 +434,7 @@ class AsyncCheckpointer:
 
         def run() -> None:
             try:
-                path = write_snapshot(snap, checkpoints_dir, healthy, staged)
+                path = write_snapshot(snap, checkpoints_dir, healthy, staged, on_file)
             except CheckpointError as err:
                 self.on_done(None, err, snap)
                 return

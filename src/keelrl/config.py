@@ -324,6 +324,9 @@ class FaultsConfig(Section):
         ge=0,
         description="Worker SIGKILLs itself in the middle of writing this step's checkpoint (0 = off).",
     )
+    disk_full_at_step: int = Field(
+        0, ge=0, description="This step's checkpoint write fails as on a full disk (ENOSPC) (0 = off)."
+    )
     corrupt_latest_checkpoint: bool = Field(
         False,
         description="After the first checkpoint past step 0 is written, flip bytes in its weights and crash.",

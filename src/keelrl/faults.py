@@ -7,6 +7,7 @@ not trigger it again. All faults are off by default.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -61,19 +62,24 @@ class FaultInjector:
             and ("kill_during_save_at_step" not in self.fired)
         )
 
-    def before_save(self, step: int) -> None:
-        """Arm a kill in the middle of this step's checkpoint write (after the weights file, before the manifest)."""
-        if (
-            self.cfg.kill_during_save_at_step
-            and step == self.cfg.kill_during_save_at_step
-            and self._fire("kill_during_save_at_step", step)
-        ):
+    def before_save(self, step: int) -> Callable[[str], None] | None:
+        """The hook for this step's checkpoint write (called after each file it writes), or None: a kill
+        after the weights file, before the manifest (kill_during_save_at_step), or a full disk when the
+        trainer state is written (disk_full_at_step)."""
+        c = self.cfg
 
-            def hook(fname: str) -> None:
-                if fname == ckpt.TRAINER_STATE:
-                    os.kill(os.getpid(), signal.SIGKILL)
+        def at_trainer_state(act: Callable[[], None]) -> Callable[[str], None]:
+            return lambda fname: act() if fname == ckpt.TRAINER_STATE else None
 
-            ckpt.WRITE_HOOK = hook
+        if c.kill_during_save_at_step == step and step and self._fire("kill_during_save_at_step", step):
+            return at_trainer_state(lambda: os.kill(os.getpid(), signal.SIGKILL))
+        if c.disk_full_at_step == step and step and self._fire("disk_full_at_step", step):
+
+            def full() -> None:
+                raise OSError(errno.ENOSPC, "No space left on device (injected fault)")
+
+            return at_trainer_state(full)
+        return None
 
     def after_save(self, path: Path, step: int) -> None:
         if (

@@ -46,7 +46,7 @@ def save_checkpoint(
     if not run.world.is_writer:
         return
     cfg = run.cfg
-    run.faults.before_save(state.step)
+    on_file = run.faults.before_save(state.step)
     run.heartbeat.beat(force=True, phase="checkpoint")
     ckpt_metrics = {k: v for k, v in metrics.items() if k.startswith("eval/")}
     extra = {"metrics": ckpt_metrics, "reason": reason, "snapshot_time": time.time()}
@@ -55,12 +55,14 @@ def save_checkpoint(
     )
     stall = time.perf_counter() - t0
     if run.saver is not None:
-        stall += run.saver.submit(snap, run.run_dir.checkpoints, run.live.guardian.healthy, staged)
+        stall += run.saver.submit(snap, run.run_dir.checkpoints, run.live.guardian.healthy, staged, on_file)
         if wait:
             run.saver.wait()
     else:
         try:
-            path = ckpt.write_snapshot(snap, run.run_dir.checkpoints, run.live.guardian.healthy, staged)
+            path = ckpt.write_snapshot(
+                snap, run.run_dir.checkpoints, run.live.guardian.healthy, staged, on_file
+            )
             run.live.save_results.put((path, None, snap))
         except ckpt.CheckpointError as err:
             run.live.save_results.put((None, err, snap))
