@@ -202,7 +202,7 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def apply_overrides_to(items: list[str]) -> dict[str, Any]:
     """`--set KEY=VALUE` items -> a nested dict of keelrl config overrides."""
-    from keelrl.config import apply_overrides
+    from keelrl.config_load import apply_overrides
 
     return apply_overrides({}, items)
 

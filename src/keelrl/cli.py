@@ -7,9 +7,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from keelrl.config import ConfigError, describe_fields, load_config
+from keelrl.config import Config, ConfigError, load_config
+from keelrl.config_load import describe_fields
+from keelrl.eval_cli import add_eval_options, cmd_compare, cmd_eval
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -100,319 +101,6 @@ def _print_outcome(run_dir: Path) -> None:
         print(f"run {status.get('state')} at step {status.get('step')}; run dir {run_dir}")
 
 
-def run_config_near(model_path: str) -> dict[str, Any] | None:
-    """The resolved config of the run a checkpoint or final/ directory came from, if there is one."""
-    p = Path(model_path)
-    if not p.exists():
-        return None
-    p = p.resolve()
-    state = p / "state.json"
-    if state.is_file():
-        return json.loads(state.read_text()).get("config")
-    for parent in (p.parent, p.parent.parent):
-        cfg = parent / "config.json"
-        if cfg.is_file() and (parent / "metrics.jsonl").exists():
-            return json.loads(cfg.read_text())
-    return None
-
-
-def _parse_ks(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        ks = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"--k expects comma-separated integers such as 1,4,16, got {text!r}") from None
-    if not ks or min(ks) < 1:
-        raise ConfigError(f"--k expects positive integers such as 1,4,16, got {text!r}")
-    return ks
-
-
-def _eval_passes(args: argparse.Namespace) -> tuple[bool, int, float]:
-    """(greedy pass?, samples in the sampled pass (0 = none), its temperature) from the eval options."""
-    n = args.samples
-    if n < 1:
-        raise ConfigError(f"--samples must be at least 1, got {n}")
-    temperature = args.temperature if args.temperature is not None else (1.0 if n > 1 else 0.0)
-    if temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0, got {temperature}")
-    if temperature == 0 and n > 1:
-        raise ConfigError(
-            f"--samples {n} at --temperature 0 would repeat the greedy completion {n} times; give --temperature > 0"
-        )
-    sampled = n if temperature > 0 else 0
-    if args.k and not sampled:
-        raise ConfigError("--k needs a sampled pass: give --samples N (and --temperature > 0)")
-    if args.no_greedy and not sampled:
-        raise ConfigError("--no-greedy leaves nothing to evaluate: also give --samples N --temperature T")
-    return not args.no_greedy, sampled, temperature
-
-
-def _task_params(args: argparse.Namespace, run_cfg: dict[str, Any]) -> tuple[dict[str, Any], int, str]:
-    """Task parameters, task seed and template request: the run's (if the model came from a run on the same
-    task), then --task-param / --template on top."""
-    task_cfg = run_cfg.get("task", {}) if run_cfg.get("task", {}).get("name") == args.task else {}
-    params = dict(task_cfg.get("params", {}))
-    for item in args.task_param:
-        if "=" not in item:
-            raise ConfigError(f"--task-param expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        params[key] = json.loads(value) if value.strip()[:1] in "0123456789-[{tf" else value
-    return params, int(task_cfg.get("seed", 0)), args.template or task_cfg.get("template", "auto")
-
-
-def _load_for_eval(model_path: str, device: str) -> tuple[Any, Any]:
-    import torch
-
-    from keelrl.config import ModelConfig
-    from keelrl.models import load_policy
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda but torch sees no CUDA device; use --device auto or cpu")
-    model, tokenizer = load_policy(ModelConfig(path=model_path))
-    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
-        model.to("cuda")
-    return model, tokenizer
-
-
-class _Progress:
-    """A rich progress bar on stderr (only on a terminal); `advance(k)` is run_eval's on_progress."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        console = Console(stderr=True)
-        self.bar = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("completions"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True, disable=not console.is_terminal,
-        )  # fmt: skip
-
-    def __enter__(self) -> _Progress:
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.stop()
-
-    def track(self, label: str, total: int) -> Any:
-        task_id = self.bar.add_task(label, total=total)
-        return lambda k: self.bar.advance(task_id, k)
-
-
-def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any] | None = None) -> Any:
-    """One `keelrl eval` of `model_path` with the eval options in `args` -> EvalReport. `run_cfg` (the
-    config of the run the model came from) supplies task parameters, template and token limit."""
-    from keelrl.evaluate import evaluate
-    from keelrl.rollout import HFSampler, resolve_template
-    from keelrl.tasks import get_task
-
-    if not args.task:
-        raise ConfigError("--task is required (countdown, multiply, code)")
-    greedy, samples, temperature = _eval_passes(args)
-    if args.problems < 1:
-        raise ConfigError(f"--problems must be at least 1, got {args.problems}")
-    run_cfg = run_cfg if run_cfg is not None else (run_config_near(model_path) or {})
-    params, task_seed, template_req = _task_params(args, run_cfg)
-    task = get_task(args.task, seed=task_seed, **params)
-    model, tokenizer = _load_for_eval(model_path, args.device)
-    template = resolve_template(template_req, tokenizer)
-    max_new = args.max_new_tokens or run_cfg.get("rollout", {}).get("max_new_tokens", 256)
-    total = args.problems * (int(greedy) + samples)
-    with _Progress() as progress:
-        return evaluate(
-            HFSampler(model, tokenizer),
-            tokenizer,
-            task,
-            template,
-            args.problems,
-            max_new_tokens=max_new,
-            greedy=greedy,
-            samples=samples,
-            ks=_parse_ks(args.k),
-            temperature=temperature,
-            seed=args.seed,
-            batch_size=args.batch_size,
-            meta={
-                "model": model_path,
-                "task": args.task,
-                "task_params": params,
-                "task_seed": task_seed,
-                "template": template,
-            },
-            on_progress=progress.track(f"eval {model_path}", total),
-        )
-
-
-def _console() -> Any:
-    """stdout console for result tables."""
-    from keelrl.monitor.sinks import make_console
-
-    return make_console(highlight=False)
-
-
-def _read_json(path: str, what: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{what} {path} does not exist")
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{what} {path} is not valid JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what} {path} does not hold a JSON object")
-    return data
-
-
-def _report_gates(gates: list[Any], results: dict[str, Any], baseline: dict[str, Any] | None) -> int:
-    """Print each gate's outcome; 0 if all pass, 1 if any fails."""
-    from keelrl.evaluate import check_gates
-
-    outcomes = check_gates(gates, results, baseline)
-    for o in outcomes:
-        print(o.describe(), file=sys.stdout if o.passed else sys.stderr)
-    return 0 if all(o.passed for o in outcomes) else 1
-
-
-def _perplexity_eval(args: argparse.Namespace) -> dict[str, Any]:
-    from keelrl.evaluate import perplexity, reference_perplexity
-    from keelrl.rollout import resolve_template
-    from keelrl.tasks import get_task
-
-    source = args.perplexity
-    if source == "reference":
-        if not args.task:
-            raise ConfigError("--perplexity reference needs --task (whose reference solutions to score)")
-        run_cfg = run_config_near(args.model) or {}
-        params, task_seed, template_req = _task_params(args, run_cfg)
-        task = get_task(args.task, seed=task_seed, **params)
-        model, tokenizer = _load_for_eval(args.model, args.device)
-        result = reference_perplexity(
-            model, tokenizer, task, resolve_template(template_req, tokenizer), args.problems
-        )
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ConfigError(
-                f"--perplexity {source}: no such file (give a text file, a .jsonl file, or 'reference')"
-            )
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-        if path.suffix == ".jsonl":
-            try:
-                texts = [str(json.loads(ln)["text"]) for ln in lines]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ConfigError(
-                    f'--perplexity {source}: each line must be a JSON object with a "text" field ({err})'
-                ) from None
-        else:
-            texts = lines
-        model, tokenizer = _load_for_eval(args.model, args.device)
-        result = perplexity(model, tokenizer, texts, source=str(path))
-    return {"model": args.model, **result.to_json(seed=args.seed)}
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from keelrl.evaluate import parse_gate, render_summary
-
-    gates = [parse_gate(g) for g in args.gate]  # malformed gates fail before any work
-    baseline = _read_json(args.baseline, "--baseline") if args.baseline else None
-    if baseline is None and any(g.relative for g in gates):
-        raise ConfigError(
-            f"gate {next(g.text for g in gates if g.relative)!r} uses 'base': give --baseline FILE.json"
-        )
-    if args.perplexity:
-        out = summary = _perplexity_eval(args)
-    else:
-        out = eval_model(args, args.model).to_json()
-        summary = {k: v for k, v in out.items() if k != "records"}
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        _console().print(*render_summary(summary))
-    return _report_gates(gates, summary, baseline) if gates else 0
-
-
-def _settings_args(
-    args: argparse.Namespace, settings: dict[str, Any]
-) -> tuple[argparse.Namespace, dict[str, Any]]:
-    """Eval options and a run config that reproduce a saved eval result's problems and decoding (to
-    evaluate a model against it)."""
-    new = argparse.Namespace(**vars(args))
-    new.task = settings.get("task", args.task)
-    new.template = None
-    new.problems = settings.get("problems", args.problems)
-    new.no_greedy = not settings.get("greedy", True)
-    samples = int(settings.get("samples") or 0)
-    new.samples = samples or 1
-    new.temperature = settings.get("temperature") if samples else 0.0
-    new.k = ",".join(map(str, settings.get("k", []))) or None
-    new.max_new_tokens = settings.get("max_new_tokens", args.max_new_tokens)
-    new.seed = settings.get("seed", args.seed)
-    task = {
-        "name": new.task,
-        "params": settings.get("task_params", {}),
-        "seed": settings.get("task_seed", 0),
-        "template": settings.get("template", "auto"),
-    }
-    return new, {"task": task}
-
-
-def _is_result_file(path: str) -> bool:
-    """A .json argument of `compare` is an eval result (and must exist); anything else is a model."""
-    if not path.endswith(".json"):
-        return False
-    if not Path(path).is_file():
-        raise ConfigError(
-            f"eval result {path} does not exist; write one with `keelrl eval MODEL --task NAME --out {path}`"
-        )
-    return True
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    from keelrl.evaluate import EvalReport, compare_results, parse_gate, render_comparison
-
-    gates = [parse_gate(g) for g in args.gate]
-    files = [_is_result_file(x) for x in (args.a, args.b)]
-    loaded = [
-        EvalReport.from_json(_read_json(x, "result"), x) if f else None
-        for x, f in zip((args.a, args.b), files)
-    ]
-    saved = next((r for r in loaded if r is not None), None)
-    if saved is not None:
-        if not all(files) and args.task and args.task != saved.settings.get("task"):
-            raise ConfigError(
-                f"--task {args.task} differs from the saved result's task {saved.settings.get('task')!r}"
-            )
-        eval_args, run_cfg = _settings_args(args, saved.settings)
-    else:
-        eval_args = args
-        # Both are models: one set of task parameters (from whichever came from a run) for both.
-        run_cfg = run_config_near(args.a) or run_config_near(args.b) or {}
-    reports = [
-        r if r is not None else eval_model(eval_args, x, run_cfg) for r, x in zip(loaded, (args.a, args.b))
-    ]
-    comparison = compare_results(reports[0], reports[1], level=args.level, seed=eval_args.seed)
-    comparison = {"a": args.a, "b": args.b, **comparison}
-    if args.out:
-        Path(args.out).write_text(json.dumps(comparison, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(comparison, indent=2))
-    else:
-        _console().print(*render_comparison(comparison, args.a, args.b))
-    if not gates:
-        return 0
-    return _report_gates(gates, reports[1].summary(), reports[0].summary())
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from keelrl.demo import run_demo
 
@@ -435,49 +123,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_fields(args: argparse.Namespace) -> int:
-    for name, default, doc in describe_fields():
+    for name, default, doc in describe_fields(Config):
         print(f"{name} = {default}\n    {doc}")
     return 0
-
-
-def _add_eval_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by `eval` and `compare` (how a model is evaluated)."""
-    p.add_argument("--task", help="task name (countdown, multiply, code)")
-    p.add_argument("--problems", type=int, default=200, help="number of held-out problems")
-    p.add_argument(
-        "--samples",
-        type=int,
-        default=1,
-        help="samples per problem for mean@n, pass@k, maj@k (besides the greedy pass)",
-    )
-    p.add_argument("--k", help="comma-separated k for pass@k and maj@k (default 1,2,4,... up to --samples)")
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        help="temperature of the sampled pass (default 1.0 when --samples > 1; 0 = greedy only)",
-    )
-    p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass (accuracy is then mean@n)")
-    p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (same seed, same result)")
-    p.add_argument(
-        "--max-new-tokens", type=int, default=0, help="completion limit (default: the run's, else 256)"
-    )
-    p.add_argument(
-        "--template",
-        choices=["auto", "base", "chat", "compact"],
-        default=None,
-        help="prompt rendering (default: the run's, else auto)",
-    )
-    p.add_argument(
-        "--task-param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="task parameter, e.g. max_numbers=3",
-    )
-    p.add_argument("--batch-size", type=int, default=128, help="completions generated together")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the model runs")
-    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -528,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         "model",
         help="hub id, HF directory, checkpoint (RUN/checkpoints/latest), RUN/final, .gguf file, or smollm2",
     )
-    _add_eval_options(e)
+    add_eval_options(e)
     e.add_argument(
         "--out", help="write the full result (with per-problem records, for keelrl compare) to this JSON file"
     )
@@ -559,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="B",
         help="candidate: an eval result or a model/checkpoint (evaluated like A: same problems and seed)",
     )
-    _add_eval_options(c)
+    add_eval_options(c)
     c.add_argument("--level", type=float, default=0.95, help="confidence level of the paired intervals")
     c.add_argument("--out", help="write the comparison to this JSON file")
     c.add_argument(

@@ -1,31 +1,21 @@
-"""Run configuration: pydantic models, TOML loading, `--set` overrides, and clear errors.
+"""Run configuration: the pydantic sections of a run, the batch arithmetic, and loading (`load_config`).
 
-Every field is documented exactly once, in its `Field(description=...)`; `keelrl config --help-fields`
-prints these texts. A config that cannot be run (unknown key, wrong type, value out of range,
-inconsistent batch arithmetic) raises `ConfigError` before any work starts, with a message that names
-the field and says what is allowed.
+Every field is documented exactly once, in its `Field(description=...)`; `keelrl config-fields` prints these
+texts. A config that cannot be run (unknown key, wrong type, value out of range, inconsistent batch
+arithmetic) raises `ConfigError` before any work starts, with a message that names the field and says what
+is allowed (the TOML reading, `--set` overrides and error messages are in `keelrl.config_load`).
 """
 
 from __future__ import annotations
 
-import difflib
-import json
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from keelrl.config_load import ConfigError as ConfigError  # re-exported: the error callers catch
+from keelrl.config_load import apply_overrides, read_toml, validate
 from keelrl.guards import GuardsConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-
-class ConfigError(ValueError):
-    """A config the user wrote cannot be run; the message says which field and what is allowed."""
 
 
 class Section(BaseModel):
@@ -198,6 +188,16 @@ class AlgoConfig(Section):
         description="Truncated importance sampling: weight tokens by min(pi_old/pi_sampler, cap) (0 = off).",
     )
 
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip_above_one(cls, c: float) -> float:
+        if 0.0 < c <= 1.0:
+            raise ValueError(
+                "must be 0 (off) or greater than 1: a negative-advantage token's loss is capped at c * |A|, which "
+                "ratio c already reaches, so with c <= 1 those tokens get no gradient at all (Ye et al. use c = 3)"
+            )
+        return c
+
 
 class TrainConfig(Section):
     steps: int = Field(100, ge=0, description="Number of RL steps (each samples one batch).")
@@ -340,10 +340,6 @@ class FaultsConfig(Section):
     reward_stall_s: float = Field(
         0.0, ge=0.0, description="Seconds the first reward call of the run sleeps (a stalled verifier)."
     )
-
-    @property
-    def any(self) -> bool:
-        return any(v for v in self.model_dump().values())
 
 
 class LogConfig(Section):
@@ -536,10 +532,6 @@ class Config(Section):
     def prompts_per_step(self) -> int:
         return self.rollout.batch_size // self.rollout.group_size
 
-    @property
-    def minibatch_size(self) -> int:
-        return self.rollout.batch_size // self.algo.minibatches
-
 
 def check_batch_arithmetic(cfg: Config, world_size: int) -> None:
     """Raise ValueError spelling out the arithmetic when batch settings do not fit together."""
@@ -571,114 +563,17 @@ def check_batch_arithmetic(cfg: Config, world_size: int) -> None:
         )
 
 
-# ---------------------------------------------------------------------------------------------- loading
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b=value` -> (["a", "b"], value). The value is read as TOML (numbers, booleans, strings, lists);
-    anything that is not valid TOML is taken as a plain string."""
-    if "=" not in text:
-        raise ConfigError(f"--set expects KEY=VALUE (e.g. --set algo.lr=3e-4), got {text!r}")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {text!r}: the key {key!r} is not a dotted name such as algo.lr")
-    try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return key.split("."), value
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    for text in overrides:
-        path, value = parse_override(text)
-        node = data
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {text!r}: {part!r} is a value, not a section")
-            node = child
-        node[path[-1]] = value
-    return data
-
-
-def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Names allowed at `loc` (the parent of the offending key)."""
-    cls: Any = model
-    for part in loc:
-        field = cls.model_fields.get(part) if isinstance(part, str) and hasattr(cls, "model_fields") else None
-        if field is None or not (
-            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-        ):
-            return []
-        cls = field.annotation
-    return list(cls.model_fields)
-
-
-def _format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        name = ".".join(str(p) for p in loc) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            allowed = _known_fields(Config, loc[:-1])
-            hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-            section = ".".join(str(p) for p in loc[:-1]) or "top level"
-            msg = f"unknown key `{name}`"
-            if hint:
-                msg += f" (did you mean `{'.'.join([*map(str, loc[:-1]), hint[0]])}`?)"
-            msg += f"; allowed in [{section}]: {', '.join(allowed)}"
-        else:
-            given = e.get("input")
-            shown = json.dumps(given, default=str) if not isinstance(given, dict) else "a table"
-            msg = f"`{name}`: {e['msg']} (got {shown})" if loc else e["msg"].removeprefix("Value error, ")
-            if not loc:
-                msg = msg
-        lines.append("  - " + msg.replace("Value error, ", ""))
-    return "\n".join(lines)
-
-
 def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
-    try:
-        return Config.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source)) from None
+    return validate(Config, data, source)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     """Read a TOML file (or start from defaults when path is None), apply `--set` overrides, validate."""
-    data: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        p = Path(path)
-        source = str(p)
-        if not p.is_file():
-            raise ConfigError(
-                f"config file {p} does not exist; shipped presets are in configs/ (e.g. configs/smoke.toml)"
-            )
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(
-                f"{p} is not valid TOML: {err}. Check quoting and [section] headers near that line."
-            ) from None
+    data = read_toml(Path(path)) if path is not None else {}
+    source = str(Path(path)) if path is not None else "defaults"
     data = apply_overrides(data, overrides or [])
     return config_from_dict(data, source + (" with --set overrides" if overrides else ""))
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     return cfg.model_dump(mode="json")
-
-
-def describe_fields(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted name, default, description) for every leaf field: the generated config reference."""
-    rows: list[tuple[str, str, str]] = []
-    for name, field in model.model_fields.items():
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows.extend(describe_fields(ann, f"{prefix}{name}."))
-        else:
-            default = field.get_default(call_default_factory=True)
-            rows.append((prefix + name, json.dumps(default, default=str), field.description or ""))
-    return rows

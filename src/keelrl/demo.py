@@ -256,7 +256,7 @@ def run_demo(
         torch.set_num_threads(threads)
     from keelrl.config import config_from_dict
     from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
-    from keelrl.monitor.sinks import make_console
+    from keelrl.monitor.sinks import ProgressBar, make_console
     from keelrl.tasks import get_task
     from keelrl.trainer import train
 
@@ -278,7 +278,7 @@ def run_demo(
             len(tokenizer),
             tokenizer.eos_token_id,
         )
-        with _progress(console, "pretrain", plan.pretrain_steps) as advance:
+        with ProgressBar(console, "pretrain", plan.pretrain_steps) as advance:
             result = pretrain(
                 policy,
                 tokenizer,
@@ -287,7 +287,7 @@ def run_demo(
                 plan.pretrain_batch,
                 plan.pretrain_lr,
                 seed,
-                on_step=lambda step, loss: advance(f"loss {loss:.3f}"),
+                on_step=lambda step, loss: advance(info=f"loss {loss:.3f}"),
             )
         save_hf_dir(policy, tokenizer, base_dir)
         console.print(
@@ -343,67 +343,17 @@ def smollm2_rl_config(task_params: dict[str, Any], minutes: float, seed: int) ->
     }
 
 
-class _progress:
-    """A progress bar with ETA as a context manager yielding `advance(text)`; on a non-terminal (logs, CI)
-    a plain line every tenth of the way instead."""
-
-    def __init__(self, console: Any, label: str, total: int) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.console, self.label, self.total = console, label, total
-        self.done, self.started = 0, time.time()
-        self.progress = None
-        if console.is_terminal:
-            self.progress = Progress(
-                TextColumn(f"[bold]{label}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("eta"),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[info]}"),
-                console=console,
-            )
-            self.task = self.progress.add_task(label, total=total, info="")
-
-    def _advance(self, info: str = "") -> None:
-        self.done += 1
-        if self.progress is not None:
-            self.progress.update(self.task, advance=1, info=info)
-        elif self.done % max(1, self.total // 10) == 0 or self.done == self.total:
-            elapsed = time.time() - self.started
-            eta = elapsed / self.done * (self.total - self.done)
-            self.console.print(
-                f"{self.label} {self.done}/{self.total}  {elapsed:.0f}s elapsed, eta {eta:.0f}s  {info}"
-            )
-
-    def __enter__(self) -> Callable[[str], None]:
-        if self.progress is not None:
-            self.progress.start()
-        return self._advance
-
-    def __exit__(self, *exc: object) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-
 def _evaluate(
     console: Any, model_path: str, task: Countdown, template: str, max_new_tokens: int, seed: int
 ) -> Any:
     from keelrl.config import ModelConfig
     from keelrl.evaluate import evaluate
     from keelrl.models import load_policy
+    from keelrl.monitor.sinks import ProgressBar
     from keelrl.rollout import HFSampler
 
     policy, tokenizer = load_policy(ModelConfig(path=model_path))
-    with _progress(console, "eval", EVAL_PROBLEMS) as advance:
+    with ProgressBar(console, "eval", EVAL_PROBLEMS) as advance:
         report = evaluate(
             HFSampler(policy, tokenizer),
             tokenizer,
@@ -414,7 +364,7 @@ def _evaluate(
             seed=seed,
             batch_size=128,
             meta={"model": model_path},
-            on_progress=lambda n: [advance() for _ in range(n)] and None,
+            on_progress=advance,
         )
     return report
 

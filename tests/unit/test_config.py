@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.config import ConfigError, load_config, parse_override
+from keelrl.config import ConfigError, load_config
+from keelrl.config_load import parse_override
 
 
 def test_shipped_presets_load() -> None:
@@ -71,3 +72,13 @@ def test_malformed_toml_and_missing_file(tmp_path: Path) -> None:
         load_config(f)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_dual_clip_must_be_off_or_above_one() -> None:
+    for bad in ("0.5", "1.0"):
+        with pytest.raises(
+            ConfigError, match=r"`algo.dual_clip`: must be 0 \(off\) or greater than 1.*\(got "
+        ):
+            load_config(None, [f"algo.dual_clip={bad}"])
+    assert load_config(None, ["algo.dual_clip=3.0"]).algo.dual_clip == 3.0
+    assert load_config(None, ["algo.dual_clip=0"]).algo.dual_clip == 0.0

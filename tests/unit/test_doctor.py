@@ -14,16 +14,10 @@ from typing import Any
 
 import pytest
 
-from keelrl.monitor.doctor import (
-    analyze_traces,
-    diagnose,
-    is_gibberish,
-    load_run,
-    run_doctor,
-    text_repetition,
-)
+from keelrl.monitor.doctor import diagnose, load_run, run_doctor
 from keelrl.monitor.report import PLOTS, render_report, run_report
 from keelrl.monitor.run_dir import RunDir
+from keelrl.monitor.traces import analyze_traces, is_gibberish, text_repetition
 
 T0 = 1_700_000_000.0
 

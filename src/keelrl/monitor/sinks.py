@@ -1,4 +1,5 @@
-"""Where per-step metrics go besides metrics.jsonl: the console, TensorBoard, Weights & Biases.
+"""Where per-step metrics go besides metrics.jsonl: the console, TensorBoard, Weights & Biases; and the one
+progress bar layout (`make_progress`) that training, eval and the demo all show.
 
 Resumed runs continue the same curves: TensorBoard purges events after the restored step, and W&B
 resumes the run id stored in the run directory.
@@ -7,6 +8,8 @@ resumes the run id stored in the run directory.
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,6 +59,53 @@ def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
     return console
 
 
+def make_progress(console: Console, transient: bool = False) -> Progress:
+    """The progress bar: bold label, bar, done/total, elapsed, eta, and a free-text field `info`."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+        console=console, transient=transient,
+    )  # fmt: skip
+
+
+class ProgressBar:
+    """`with ProgressBar(console, label, total) as advance:` then `advance(k, info)` for every k units done. A
+    progress bar on a terminal; elsewhere (logs, CI) a plain line every tenth of the way. A transient bar leaves
+    nothing behind: it vanishes when done, and off a terminal it prints nothing."""
+
+    def __init__(
+        self, console: Console, label: str, total: int, info: str = "", transient: bool = False
+    ) -> None:
+        self.console, self.label, self.total, self.transient = console, label, total, transient
+        self.done, self.started = 0, time.time()
+        self.progress = make_progress(console, transient) if console.is_terminal else None
+        if self.progress is not None:
+            self.task = self.progress.add_task(label, total=total, info=info)
+
+    def advance(self, k: int = 1, info: str | None = None) -> None:
+        self.done += k
+        every = max(1, self.total // 10)
+        if self.progress is not None:
+            self.progress.update(self.task, advance=k, **({} if info is None else {"info": info}))
+        elif not self.transient and (
+            self.done // every > (self.done - k) // every or self.done == self.total
+        ):
+            elapsed = time.time() - self.started
+            eta = elapsed / self.done * (self.total - self.done)
+            self.console.print(
+                f"{self.label} {self.done}/{self.total}  {elapsed:.0f}s elapsed, eta {eta:.0f}s  {info or ''}"
+            )
+
+    def __enter__(self) -> Callable[..., None]:
+        if self.progress is not None:
+            self.progress.start()
+        return self.advance
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
 class ConsoleSink:
     """A progress bar with ETA on a terminal; plain lines (every `every` steps) otherwise."""
 
@@ -67,26 +117,16 @@ class ConsoleSink:
         self.live = progress and sys.stderr.isatty()
         self.progress: Progress | None = None
         if self.live:
-            self.progress = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("eta"),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[line]}"),
-                console=self.console,
-                transient=False,
-            )
+            self.progress = make_progress(self.console)
             self.progress.start()
             self.task_id = self.progress.add_task(
-                description, total=total_steps, completed=start_step, line=""
+                description, total=total_steps, completed=start_step, info=""
             )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         line = format_metrics(metrics)
         if self.progress is not None:
-            self.progress.update(self.task_id, completed=step, line=line)
+            self.progress.update(self.task_id, completed=step, info=line)
         elif step % self.every == 0 or "eval/accuracy" in metrics:
             self.console.print(f"step {step:>5}  {line}", highlight=False)
 
