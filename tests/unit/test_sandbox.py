@@ -22,7 +22,17 @@ from pathlib import Path
 import pytest
 
 from keelrl import sandbox as sb
-from keelrl.sandbox import LEVELS, Job, Sandbox, SandboxError, SandboxLimits, SandboxPool
+from keelrl.sandbox import (
+    LEVELS,
+    Job,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxPool,
+    harness,
+    isolation,
+    result,
+)
 
 IS_ROOT = os.geteuid() == 0
 LIMITS = SandboxLimits(wall_s=3.0)
@@ -358,7 +368,7 @@ def test_pool_queue_is_bounded() -> None:
 def test_explicit_unknown_or_unavailable_level_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SandboxError, match="unknown isolation"):
         Sandbox("docker")  # type: ignore[arg-type]
-    monkeypatch.setitem(sb._probe_results, "bwrap", "`bwrap` is not installed")
+    monkeypatch.setitem(isolation._probe_results, "bwrap", "`bwrap` is not installed")
     with pytest.raises(SandboxError, match="not available here: `bwrap` is not installed"):
         Sandbox("bwrap")
 
@@ -366,8 +376,8 @@ def test_explicit_unknown_or_unavailable_level_raises(monkeypatch: pytest.Monkey
 def test_auto_detection_degrades_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     if sb.probe("unshare") is not None and sb.probe("rlimit") is not None:
         pytest.skip("neither fallback level works here")
-    monkeypatch.setitem(sb._probe_results, "bwrap", "`bwrap` is not installed (simulated)")
-    monkeypatch.setattr(sb, "_warned", set())
+    monkeypatch.setitem(isolation._probe_results, "bwrap", "`bwrap` is not installed (simulated)")
+    monkeypatch.setattr(isolation, "_warned", set())
     with pytest.warns(sb.SandboxWarning, match="simulated"):
         level = sb.detect_isolation()
     assert level in ("unshare", "rlimit")
@@ -382,4 +392,32 @@ def test_limits_are_validated() -> None:
 
 
 def test_signal_names_cover_crashes() -> None:
-    assert sb._SIGNAMES[int(signal.SIGSEGV)] == "SIGSEGV"
+    assert result._SIGNAMES[int(signal.SIGSEGV)] == "SIGSEGV"
+
+
+def test_harness_test_loop_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness's test loop, called here (no sandbox): one record per test, the entry point's return
+    value checked to be built-in data, then `done` and os._exit(0)."""
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(code: int) -> None:
+        raise Exited(code)
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    records: list[tuple[str, str]] = []
+    code = "class Eq:\n    def __eq__(self, other):\n        return True\n\ndef f(x):\n    return Eq() if x < 0 else x + 1\n"
+    job = {
+        "code": code,
+        "tests": ["assert f(1) == 2", "assert f(1) == 3", "assert f(-1) == 0"],
+        "entry_point": "f",
+    }
+    with pytest.raises(Exited, match="0"):
+        harness._run(job, lambda kind, text="": records.append((kind, text)))
+    assert [(k, t[:44]) for k, t in records] == [
+        ("test", "0 1"),
+        ("test", "1 0 AssertionError"),
+        ("test", "2 0 TypeError: f returned a value of type Eq"),
+        ("done", ""),
+    ]

@@ -1,0 +1,281 @@
+"""`Sandbox`: one slot that runs one execution at a time: it starts the level's launcher with the harness
+(harness.py, passed as source to `python -I -S -B -c`), feeds it the job, enforces the wall clock and the
+output cap, kills what is left, and reads the records into an `ExecResult`."""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from keelrl.sandbox.harness import children_of
+from keelrl.sandbox.isolation import (
+    LAUNCHERS,
+    SAFE_PATH,
+    IsolationRequest,
+    interpreter,
+    lease_slot,
+    logger,
+    prefix_of,
+    resolve_isolation,
+    sweep_uid,
+)
+from keelrl.sandbox.result import ExecResult, IsolationLevel, SandboxLimits, interpret
+
+_HARNESS = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
+
+
+class Sandbox:
+    """One sandbox slot: runs one execution at a time (use `SandboxPool` for many at once).
+
+    isolation: "auto" (strongest available, with a warning when below bwrap) or a level, which must work.
+    limits: default limits for `run`. python: interpreter for the code (default: the trainer's own).
+    """
+
+    def __init__(
+        self,
+        isolation: IsolationRequest = "auto",
+        limits: SandboxLimits | None = None,
+        python: str | None = None,
+        *,
+        _probing: bool = False,
+    ) -> None:
+        self.level: IsolationLevel = isolation if _probing else resolve_isolation(isolation)  # type: ignore[assignment]
+        self.limits = limits or SandboxLimits()
+        self.python = os.path.realpath(python) if python else interpreter()
+        self._lease, self.python, self._hidden = lease_slot(self.level, self.python)
+        self._host_pidns = os.readlink("/proc/self/ns/pid")
+
+    @property
+    def uid(self) -> int | None:
+        """The uid the code runs under (None: the trainer's own)."""
+        return self._lease.uid if self._lease else None
+
+    def close(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------- run
+
+    def run(
+        self,
+        code: str,
+        tests: Sequence[str] = (),
+        entry_point: str | None = None,
+        limits: SandboxLimits | None = None,
+    ) -> ExecResult:
+        """Execute `code`, then each statement of `tests` in its namespace; never raises on anything the
+        code does. When `entry_point` is given, its return values must be built-in data."""
+        lim = limits or self.limits
+        nonce, exec_id = secrets.token_hex(16), secrets.token_hex(6)
+        host_work = tempfile.mkdtemp(prefix="keelrl-sandbox-") if self.level == "rlimit" else None
+        work = host_work or "/tmp/work"
+        job = {
+            "nonce": nonce,
+            "level": self.level,
+            "uid": self.uid,
+            "work": work,
+            "host_pidns": self._host_pidns,
+            "parent_pid": os.getpid(),
+            "hidden": self._hidden,
+            "prefix": prefix_of(self.python),
+            "tmp_bytes": lim.tmp_mb << 20,
+            "code": code,
+            "tests": list(tests),
+            "entry_point": entry_point,
+            "limits": {
+                "cpu_s": lim.cpu_seconds,
+                "memory_bytes": lim.memory_mb << 20,
+                "processes": lim.processes,
+                "file_bytes": lim.file_mb << 20,
+            },
+        }
+        env = {"PATH": SAFE_PATH, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+        r_fd, w_fd = os.pipe()
+        job["fd"] = w_fd
+        launcher = LAUNCHERS[self.level](lim, self.python, self._hidden)
+        argv = [*launcher, self.python, "-I", "-S", "-B", "-c", _HARNESS, "keelrl-sandbox", exec_id]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(w_fd,),
+                env=env,
+                cwd="/",
+                start_new_session=True,
+            )
+        except OSError as err:
+            os.close(r_fd)
+            os.close(w_fd)
+            if host_work:
+                shutil.rmtree(host_work, ignore_errors=True)
+            return ExecResult(
+                "sandbox_error", 0, len(tests), 0.0, self.level, detail=f"cannot start {argv[0]}: {err}"
+            )
+        os.close(w_fd)
+        stopped: str | None = "error"  # until _drive returns
+        try:
+            res_cap = 600 * (len(job["tests"]) + 8)  # a record is at most ~550 bytes
+            out, err, res, stopped = self._drive(
+                proc, marshal.dumps(job), r_fd, t0 + lim.wall_s, lim, res_cap
+            )
+            if stopped is None:
+                try:
+                    proc.wait(timeout=max(0.0, t0 + lim.wall_s - time.perf_counter()) + 1.0)
+                except subprocess.TimeoutExpired:
+                    stopped = "timeout"
+            if stopped is not None:
+                for f in (proc.stdout, proc.stderr):  # unread full pipes would block a dying writer
+                    f.close()
+                self._kill_tree(proc)
+                res += _drain(r_fd)
+        except BaseException:  # a bug here or KeyboardInterrupt: still leave nothing running
+            self._kill_tree(proc)
+            raise
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # anything left in the launcher's group (not yet reaped)
+            proc.wait()
+            os.close(r_fd)
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
+            if (
+                self.level == "rlimit"
+                and self.uid is not None
+                and (stopped is not None or proc.returncode != 0)
+            ):
+                sweep_uid(self.uid)  # H did not get to clean up
+            if host_work:
+                shutil.rmtree(host_work, ignore_errors=True)
+        wall = time.perf_counter() - t0
+        return interpret(
+            nonce, res, out, err, stopped, list(tests), lim, wall, self.level, exec_id, proc.returncode
+        )
+
+    def _drive(
+        self,
+        proc: subprocess.Popen[bytes],
+        payload: bytes,
+        r_fd: int,
+        deadline: float,
+        lim: SandboxLimits,
+        res_cap: int,
+    ) -> tuple[bytes, bytes, bytes, str | None]:
+        """Feed the job, collect stdout/stderr heads and the result pipe until all close, the deadline
+        passes ("timeout") or the output cap is hit ("output_limit")."""
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        heads = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
+        caps = {"out": lim.excerpt_chars * 4, "err": lim.excerpt_chars * 4, "res": res_cap}
+        total_output = 0
+        stdin_fd = proc.stdin.fileno()
+        os.set_blocking(stdin_fd, False)
+        sent = 0
+        with selectors.DefaultSelector() as sel:
+            sel.register(stdin_fd, selectors.EVENT_WRITE, "in")
+            sel.register(proc.stdout.fileno(), selectors.EVENT_READ, "out")
+            sel.register(proc.stderr.fileno(), selectors.EVENT_READ, "err")
+            sel.register(r_fd, selectors.EVENT_READ, "res")
+            while len(sel.get_map()) > 0:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    return bytes(heads["out"]), bytes(heads["err"]), bytes(heads["res"]), "timeout"
+                for key, _ in sel.select(left):
+                    if key.data == "in":
+                        try:
+                            sent += os.write(stdin_fd, payload[sent : sent + 65536])
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:  # the harness died before reading its job
+                            sent = len(payload)
+                        if sent >= len(payload):
+                            sel.unregister(stdin_fd)
+                            proc.stdin.close()
+                        continue
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        continue
+                    buf = heads[key.data]
+                    if key.data == "res":
+                        if len(buf) + len(chunk) > caps["res"]:
+                            return bytes(heads["out"]), bytes(heads["err"]), bytes(buf), "output_limit"
+                        buf += chunk
+                        continue
+                    total_output += len(chunk)
+                    if len(buf) < caps[key.data]:
+                        buf += chunk[: caps[key.data] - len(buf)]
+                    if total_output > lim.output_bytes:
+                        return bytes(heads["out"]), bytes(heads["err"]), bytes(heads["res"]), "output_limit"
+        return bytes(heads["out"]), bytes(heads["err"]), bytes(heads["res"]), None
+
+    def _kill_tree(self, proc: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the launcher's children (a namespace init, or C and the orphans H collected), give H a
+        moment to clean up (rlimit level), then the launcher's group; wait until the children are gone."""
+        kids = children_of(proc.pid)
+        pidfds = []
+        for k in kids:
+            try:
+                pidfds.append(os.pidfd_open(k))
+            except OSError:
+                continue
+        for k in kids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(k, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=2.0)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if not _wait_gone(pidfds, 10.0):
+            logger.warning("sandbox: processes of a killed execution did not exit within 10 s")
+        for fd in pidfds:
+            os.close(fd)
+
+
+def _wait_gone(pidfds: list[int], timeout: float) -> bool:
+    """Wait until every pidfd reports its process exited; True when all did."""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        for fd in pidfds:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            for key, _ in sel.select(left):
+                sel.unregister(key.fd)
+    return True
+
+
+def _drain(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk or sum(map(len, chunks)) > 1 << 20:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)

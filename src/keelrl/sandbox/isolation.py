@@ -1,0 +1,280 @@
+"""The isolation levels (bwrap > unshare > rlimit): how each launches the harness, which work on this
+machine (`probe`, `detect_isolation`), and the host-side pieces they need (interpreter, uid leases)."""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import logging
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from keelrl.sandbox.result import LEVELS, IsolationLevel, SandboxError, SandboxLimits, SandboxWarning
+
+IsolationRequest = Literal["auto", "bwrap", "unshare", "rlimit"]
+UID_BASE = 61000  # first uid leased to sandbox slots when running as root
+UID_RANGE = 4000
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+logger = logging.getLogger("keelrl.sandbox")
+
+
+def interpreter() -> str:
+    """The trainer's own base interpreter (not the venv shim): the sandbox runs with -I -S, stdlib only."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def prefix_of(python: str) -> str:
+    """The installation prefix of an interpreter at PREFIX/bin/pythonX.Y."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(python)))
+
+
+def _hidden_ancestor(path: str) -> str | None:
+    """The highest directory on the way to `path` that other users cannot enter (no o+x), or None."""
+    parts = Path(path).parts
+    for i in range(2, len(parts) + 1):
+        d = os.path.join(*parts[:i])
+        try:
+            if not os.stat(d).st_mode & stat.S_IXOTH:
+                return d
+        except OSError:
+            return d
+    return None
+
+
+def _world_usable(python: str) -> bool:
+    real = os.path.realpath(python)
+    try:
+        return _hidden_ancestor(prefix_of(real)) is None and bool(os.stat(real).st_mode & stat.S_IXOTH)
+    except OSError:
+        return False
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _mapped_uid_range(lo: int, hi: int) -> bool:
+    """Does this process's user namespace map uids lo..hi (a container may map only a few)?"""
+    try:
+        lines = Path("/proc/self/uid_map").read_text().split("\n")
+    except OSError:
+        return False
+    for line in lines:
+        f = line.split()
+        if len(f) == 3 and int(f[0]) <= lo and hi < int(f[0]) + int(f[2]):
+            return True
+    return False
+
+
+class _UidLease:
+    """An unused uid held for the lifetime of one sandbox slot (flock on a per-uid lock file, so two
+    trainers on one machine never share a uid: RLIMIT_NPROC and the cleanup `kill(-1)` are per uid)."""
+
+    def __init__(self) -> None:
+        lock_dir = Path(tempfile.gettempdir()) / "keelrl-sandbox-uids"
+        lock_dir.mkdir(mode=0o700, exist_ok=True)
+        for uid in range(UID_BASE, UID_BASE + UID_RANGE):
+            try:
+                pwd.getpwuid(uid)
+                continue  # a real account: never borrow it
+            except KeyError:
+                pass
+            fd = os.open(lock_dir / str(uid), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            return
+        raise SandboxError(f"no free sandbox uid in {UID_BASE}..{UID_BASE + UID_RANGE - 1} (all locked)")
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+@functools.cache
+def _bwrap_supports_size() -> bool:
+    try:
+        out = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in out.stdout + out.stderr
+
+
+def sweep_uid(uid: int) -> None:
+    """rlimit level, root: SIGKILL every process of the slot's uid (what escaped the process group by
+    `setsid` and outlived H), from a shell that runs as that uid, so nothing else can be hit."""
+    try:
+        subprocess.run(
+            ["/bin/sh", "-c", "i=0; while kill -9 -1 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); done"],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={"PATH": SAFE_PATH},
+            cwd="/",
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        logger.warning("sandbox: sweeping uid %d failed: %s", uid, err)
+
+
+def _bwrap(lim: SandboxLimits, python: str, hidden: str | None) -> list[str]:
+    namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    args = ["bwrap", *namespaces, *([] if _is_root() else ["--unshare-user"])]
+    args += ["--die-with-parent", "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    if _bwrap_supports_size():
+        args += ["--size", str(lim.tmp_mb << 20)]
+    args += ["--tmpfs", "/tmp"]
+    if hidden:
+        prefix = prefix_of(python)
+        args += ["--perms", "0755", "--tmpfs", hidden]
+        path = hidden
+        for part in os.path.relpath(prefix, hidden).split("/")[:-1]:
+            path = os.path.join(path, part)
+            args += ["--perms", "0755", "--dir", path]
+        args += ["--ro-bind", prefix, prefix]
+    return [*args, "--chdir", "/", "--"]
+
+
+def _unshare(lim: SandboxLimits, python: str, hidden: str | None) -> list[str]:
+    # setpriv: unshare gets SIGKILL if the trainer dies, and --kill-child passes it to the namespace
+    setpriv = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+    flags = ["--net", "--pid", "--ipc", "--uts", "--fork", "--mount-proc", "--kill-child=SIGKILL"]
+    return [*setpriv, "unshare", *flags, *([] if _is_root() else ["--map-root-user"]), "--"]
+
+
+# The command that starts the harness at each level (it is followed by `python -I -S -B -c <harness>`).
+LAUNCHERS: dict[str, Callable[[SandboxLimits, str, str | None], list[str]]] = {
+    "bwrap": _bwrap,
+    "unshare": _unshare,
+    "rlimit": lambda lim, python, hidden: [],
+}
+
+
+def lease_slot(level: IsolationLevel, python: str) -> tuple[_UidLease | None, str, str | None]:
+    """As root, a separate uid for the code (see the package docstring), the interpreter to run it with,
+    and the directory bwrap / unshare hide under a tmpfs (None: nothing to hide). Without a usable uid:
+    no lease, with a warning."""
+    if not _is_root():
+        return None, python, None
+    if not _mapped_uid_range(UID_BASE, UID_BASE + UID_RANGE):
+        _warn_once(
+            "uid-unmapped",
+            f"sandbox: uids {UID_BASE}.. are not mapped in this user namespace, so model code runs as root: the "
+            "process-count limit is not enforced for root (fork bombs are bounded only by the time limit).",
+        )
+        return None, python, None
+    if level == "rlimit" and not _world_usable(python):
+        candidates = ("/usr/bin/python3", "/usr/local/bin/python3")
+        fallback = next((p for p in candidates if _world_usable(p)), None)
+        if fallback is None:
+            _warn_once(
+                "rlimit-root",
+                f"sandbox: {python} is not usable by an unprivileged user and no world-readable python3 "
+                "was found, so model code runs AS ROOT with resource limits only: it can write anywhere and "
+                "kill any process. Install bubblewrap (apt-get install bubblewrap).",
+            )
+            return None, python, None
+        python = os.path.realpath(fallback)
+    lease = _UidLease()
+    if level != "rlimit":
+        return lease, python, _hidden_ancestor(prefix_of(python))
+    sweep_uid(lease.uid)  # leftovers of a trainer that was killed mid-run
+    for stale in Path(tempfile.gettempdir()).glob("keelrl-sandbox-*"):
+        if stale.is_dir() and stale.name != "keelrl-sandbox-uids" and stale.stat().st_uid == lease.uid:
+            shutil.rmtree(stale, ignore_errors=True)  # its work dir (the uid is ours alone now)
+    return lease, python, None
+
+
+_detect_lock = threading.Lock()
+_probe_results: dict[str, str | None] = {}
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key in _warned:
+        return
+    _warned.add(key)
+    logger.warning(message)
+    warnings.warn(message, SandboxWarning, stacklevel=3)
+
+
+def probe(level: IsolationLevel) -> str | None:
+    """None when `level` works on this machine, else why not. Runs a real sandboxed execution once per
+    process and level (cached)."""
+    from keelrl.sandbox.execute import Sandbox  # a real run; execute imports this module
+
+    with _detect_lock:
+        if level in _probe_results:
+            return _probe_results[level]
+        why: str | None = None
+        tool = {"bwrap": "bwrap", "unshare": "unshare", "rlimit": None}[level]
+        if tool is not None and shutil.which(tool) is None:
+            why = f"`{tool}` is not installed" + (" (apt-get install bubblewrap)" if tool == "bwrap" else "")
+        else:
+            try:
+                with Sandbox(level, SandboxLimits(wall_s=20.0), _probing=True) as box:
+                    r = box.run("def f(x):\n    return x + 1\n", ["assert f(1) == 2"], "f")
+                if r.status != "ok":
+                    why = f"probe run failed: {r.status}: {r.detail} {r.stderr.strip()[:300]}"
+            except (OSError, SandboxError) as err:
+                why = f"probe run failed: {err}"
+        _probe_results[level] = why
+        return why
+
+
+def available_levels() -> list[IsolationLevel]:
+    """The isolation levels that work here, strongest first."""
+    return [lv for lv in LEVELS if probe(lv) is None]
+
+
+def detect_isolation() -> IsolationLevel:
+    """The strongest level that works here, with a `SandboxWarning` (once) when it is not bwrap."""
+    reasons = []
+    for lv in LEVELS:
+        why = probe(lv)
+        if why is None:
+            if lv != "bwrap":
+                weaker = {
+                    "unshare": "namespaces via unshare (equivalent containment, slightly less tested)",
+                    "rlimit": "RESOURCE LIMITS ONLY: model code can use the network and write to world-writable "
+                    "directories"
+                    + ("" if _is_root() else ", signal your processes and read their environment"),
+                }[lv]
+                _warn_once(
+                    f"level-{lv}",
+                    f"sandbox: using {lv!r} isolation, {weaker}. Stronger levels unavailable: {'; '.join(reasons)}. "
+                    "Install bubblewrap (apt-get install bubblewrap) for the strongest isolation.",
+                )
+            else:
+                logger.info("sandbox: using bwrap isolation")
+            return lv
+        reasons.append(f"{lv}: {why}")
+    raise SandboxError("no sandbox isolation level works here: " + "; ".join(reasons))
+
+
+def resolve_isolation(request: IsolationRequest) -> IsolationLevel:
+    """For "auto", detect_isolation(); an explicit level must work here, else SandboxError saying why."""
+    if request == "auto":
+        return detect_isolation()
+    if request not in LEVELS:
+        raise SandboxError(f"unknown isolation {request!r}; use one of: auto, {', '.join(LEVELS)}")
+    why = probe(request)
+    if why is not None:
+        raise SandboxError(f"sandbox isolation {request!r} is not available here: {why}")
+    return request
