@@ -1,13 +1,14 @@
 # The README's commands. Each target creates (or reuses) the virtual environment it needs.
 #   make demo   install keelrl and run the whole post-training lifecycle on a laptop CPU (~15 min)
 #   make test   install keelrl with its dev tools and run the default test suite
+#   make test-unit   the fast unit tier of it (under 3 min on 2 cores)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # constraints.txt pins the CPU build of torch for this project's own installs (see the file).
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test test-slow bench lint install install-dev system-deps clean
+.PHONY: demo test test-unit test-system test-slow bench lint install install-dev system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +45,13 @@ demo: install
 
 test: install-dev
 	$(BIN)/pytest
+
+# the default suite's tiers (pyproject.toml: markers set by directory in tests/conftest.py)
+test-unit: install-dev
+	$(BIN)/pytest -m 'unit and not slow and not gpu'
+
+test-system: install-dev
+	$(BIN)/pytest -m 'system and not slow and not gpu'
 
 test-slow: install-dev
 	$(BIN)/pytest -m slow

@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny models built locally (no hub access), and a quiet torch."""
+"""Shared fixtures: tiny models built locally (no hub access), and a quiet torch. Every test under
+tests/unit, tests/integration or tests/system gets that tier's marker (`pytest -m unit`); tests/learning's
+tests are all `slow`."""
 
 from __future__ import annotations
 
@@ -11,6 +13,15 @@ from keelrl.config import TinyModelConfig
 from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+TIERS = ("unit", "integration", "system")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here) and (tier := item.path.relative_to(here).parts[0]) in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")

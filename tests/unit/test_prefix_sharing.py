@@ -106,9 +106,9 @@ def test_shared_prefix_forward_equals_padded_forward(tiny_model, char_tokenizer)
     assert float(lp1.abs().sum()) > 0 and bool(((lp1 != 0) == b.target_mask.bool()).all())
 
 
-def _grads(model, batch, micro: int, share: bool) -> tuple[float, list[torch.Tensor]]:
+def _grads(model, batch, micro: int, share: bool, kl_coef: float = 0.1) -> tuple[float, list[torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    algo = AlgoConfig(loss_agg="token_mean", kl_coef=0.1, entropy_coef=0.01)
+    algo = AlgoConfig(loss_agg="token_mean", kl_coef=kl_coef, entropy_coef=0.01)
     stats = minibatch_backward(
         model,
         batch,
@@ -124,7 +124,7 @@ def _grads(model, batch, micro: int, share: bool) -> tuple[float, list[torch.Ten
 
 
 def test_micro_batching_with_shared_prefixes_does_not_change_loss_or_gradient(
-    tiny_model, char_tokenizer
+    tiny_model, char_tokenizer, perturbed_ref_logprobs, check_kl_term
 ) -> None:
     model = copy.deepcopy(tiny_model)
     batch = collate(
@@ -133,12 +133,13 @@ def test_micro_batching_with_shared_prefixes_does_not_change_loss_or_gradient(
     batch.old_logprobs = (
         batch.sampler_logprobs + 0.3 * torch.randn_like(batch.sampler_logprobs) * batch.target_mask
     )
-    batch.ref_logprobs = batch.sampler_logprobs
+    batch.ref_logprobs = perturbed_ref_logprobs(model, batch)  # a KL term with a value and a gradient
     ref_loss, ref_grad = _grads(model, batch, 16, share=False)
     for micro in (1, 3, 4, 8, 16):
         loss, grad = _grads(model, batch, micro, share=True)
         assert loss == pytest.approx(ref_loss, abs=1e-6), micro
         assert all(torch.allclose(a, c, atol=1e-6, rtol=0) for a, c in zip(grad, ref_grad)), micro
+    check_kl_term(model, batch, lambda kl_coef: _grads(model, batch, 4, True, kl_coef), 0.1, "token_mean", 16)
 
 
 def test_micro_batches_keep_groups_together(tiny_model, char_tokenizer) -> None:

@@ -76,9 +76,9 @@ def test_first_epoch_ratio_is_one_and_nothing_is_clipped(tiny_model, char_tokeni
     assert stats["kl/old"] < 1e-8
 
 
-def _grads(model, batch, micro: int, agg: LossAgg) -> tuple[float, list[torch.Tensor]]:
+def _grads(model, batch, micro: int, agg: LossAgg, kl_coef: float = 0.5) -> tuple[float, list[torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    algo = AlgoConfig(loss_agg=agg, kl_coef=0.0, entropy_coef=0.01)
+    algo = AlgoConfig(loss_agg=agg, kl_coef=kl_coef, entropy_coef=0.01)
     stats = minibatch_backward(
         model, batch, torch.arange(batch.input_ids.shape[0]), algo, micro, 1.0, 12, World()
     )
@@ -86,7 +86,9 @@ def _grads(model, batch, micro: int, agg: LossAgg) -> tuple[float, list[torch.Te
 
 
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "constant"])
-def test_micro_batching_does_not_change_loss_or_gradient(tiny_model, char_tokenizer, agg: LossAgg) -> None:
+def test_micro_batching_does_not_change_loss_or_gradient(
+    tiny_model, char_tokenizer, perturbed_ref_logprobs, check_kl_term, agg: LossAgg
+) -> None:
     model = copy.deepcopy(tiny_model)
     batch = collate(
         _rollouts(model, char_tokenizer, n=8, seed=1), char_tokenizer.pad_token_id, torch.device("cpu")
@@ -95,7 +97,7 @@ def test_micro_batching_does_not_change_loss_or_gradient(tiny_model, char_tokeni
     batch.old_logprobs = (
         batch.sampler_logprobs + 0.3 * torch.randn_like(batch.sampler_logprobs) * batch.target_mask
     )
-    batch.ref_logprobs = batch.sampler_logprobs
+    batch.ref_logprobs = perturbed_ref_logprobs(model, batch)  # a KL term with a value and a gradient
     loss_1, g1 = _grads(model, batch, 1, agg)
     loss_4, g4 = _grads(model, batch, 4, agg)
     loss_8, g8 = _grads(model, batch, 8, agg)
@@ -103,3 +105,4 @@ def test_micro_batching_does_not_change_loss_or_gradient(tiny_model, char_tokeni
     for a, b, c in zip(g1, g4, g8):
         assert torch.allclose(a, c, atol=1e-6, rtol=0) and torch.allclose(b, c, atol=1e-6, rtol=0)
     assert any(float(g.abs().max()) > 1e-4 for g in g8)  # the gradient is not trivially zero
+    check_kl_term(model, batch, lambda kl_coef: _grads(model, batch, 4, agg, kl_coef), 0.5, agg, 12)

@@ -20,17 +20,26 @@ from .conftest import Drill, assert_same_run, events, kill, summary, wait_for, w
 
 
 def _sigkill_trial(drill: Drill, tmp_path: Path, reference: Path, rng: random.Random, name: str) -> None:
-    run_dir = tmp_path / name
-    proc = drill.start(run_dir)
-    # kill the worker at a random moment of its life (model load, sampling, update, eval, checkpoint write)
-    wait_for(lambda: worker_pid(run_dir) is not None, 60, "the worker to start")
-    time.sleep(rng.uniform(0.0, 6.0))
-    pid = worker_pid(run_dir)
-    killed = pid is not None and proc.poll() is None and kill(pid)
+    # kill the worker at a random moment of its life (model load, sampling, update, eval, checkpoint write);
+    # a moment after the run's end kills nothing: the trial starts over with half of it
+    moment = rng.uniform(0.0, 6.0)
+    for attempt in range(4):
+        run_dir = tmp_path / f"{name}-{attempt}"
+        proc = drill.start(run_dir)
+        wait_for(lambda d=run_dir: worker_pid(d) is not None, 60, "the worker to start")
+        time.sleep(moment)
+        pid = worker_pid(run_dir)
+        if proc.poll() is None and not (run_dir / "summary.json").exists():
+            break
+        proc.communicate(timeout=300)
+        moment /= 2
+    else:
+        raise AssertionError("the run always ended before the kill")
+    assert pid is not None and kill(pid), f"the worker ({pid}) was gone before the kill landed"
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
-    if killed:
-        assert events(run_dir, "restart"), "a killed worker must be restarted"
+    restarts = events(run_dir, "restart")
+    assert restarts and "SIGKILL" in restarts[0]["cause"], "the killed worker must be restarted"
     assert_same_run(run_dir, reference)
 
 
