@@ -1,0 +1,185 @@
+"""What every guard rule is built from: the metric records it reads (tolerantly: missing keys, eval-only
+records and "nan"/"inf" strings), the `Finding` it returns, and the base of its thresholds model."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Severity = Literal["info", "warning", "critical"]
+Action = Literal["warn", "skip", "rollback", "stop"]
+Record = Mapping[str, Any]
+
+SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+ACTION_RANK: dict[str, int] = {"warn": 0, "skip": 1, "rollback": 2, "stop": 3}
+
+# Records a rule looks back over at most (rules needing "the best so far", e.g. reward_collapse). Bounds the
+# cost of one call on a very long run; 5,000 steps is longer than any eval interval or collapse we know of.
+MAX_LOOKBACK = 5000
+
+TRAIN_KEYS = ("loss/total", "loss/policy", "grad_norm", "reward/mean")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis. `steps` is (first, last) step the evidence covers; `evidence` holds numbers only;
+    `action` is what the live trainer should do (the rule's configured action when critical, else "warn");
+    `samples` are quoted rollouts the doctor attaches; `ongoing` is set by `scan` when the finding still
+    holds at the last record."""
+
+    name: str
+    severity: Severity
+    steps: tuple[int, int]
+    evidence: dict[str, float]
+    message: str
+    suggestion: str
+    action: Action = "warn"
+    samples: tuple[str, ...] = ()
+    ongoing: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "severity": self.severity,
+            "steps": list(self.steps),
+            "evidence": {k: _json_number(v) for k, v in self.evidence.items()},
+            "message": self.message,
+            "suggestion": self.suggestion,
+            "action": self.action,
+            "samples": list(self.samples),
+            "ongoing": self.ongoing,
+        }
+
+
+def _json_number(v: float) -> float | str:
+    return v if math.isfinite(v) else str(v)
+
+
+def metric_value(record: Record, key: str) -> float | None:
+    """The record's value for `key` as a float; None when missing or not a number. The strings
+    "nan", "inf", "-inf" (how run_dir writes non-finite values) become the float they name."""
+    v = record.get(key)
+    if isinstance(v, (int, float)):  # bools too
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)  # accepts "nan", "inf", "-inf", "Infinity"
+        except ValueError:
+            return None
+    return None
+
+
+def step_of(record: Record, default: int) -> int:
+    s = record.get("step")
+    return int(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else default
+
+
+def is_train_record(record: Record) -> bool:
+    """A record of a training step (not an eval-only record such as step 0's initial eval)."""
+    return any(k in record for k in TRAIN_KEYS)
+
+
+def tail(history: Sequence[Record], key: str, n: int, limit: int | None = None) -> list[tuple[int, float]]:
+    """The last `n` finite (step, value) pairs of `key`, oldest first, looking back at most `limit`
+    records (default 4n + 20, so a key that is never logged costs little)."""
+    limit = 4 * n + 20 if limit is None else limit
+    return _finite(history, key, n, range(len(history) - 1, max(-1, len(history) - 1 - limit), -1))[::-1]
+
+
+def head(history: Sequence[Record], key: str, n: int, limit: int | None = None) -> list[tuple[int, float]]:
+    """The first `n` finite (step, value) pairs of `key` (a run's starting level), looking at most
+    `limit` records in (default 4n + 20)."""
+    limit = 4 * n + 20 if limit is None else limit
+    return _finite(history, key, n, range(min(len(history), limit)))
+
+
+def _finite(history: Sequence[Record], key: str, n: int, indices: range) -> list[tuple[int, float]]:
+    """The first `n` finite (step, value) pairs of `key` over the records at `indices`, in that order."""
+    out: list[tuple[int, float]] = []
+    for i in indices:
+        v = metric_value(history[i], key)
+        if v is not None and math.isfinite(v):
+            out.append((step_of(history[i], i), v))
+            if len(out) == n:
+                break
+    return out
+
+
+def mean_value(pairs: Sequence[tuple[int, float]]) -> float:
+    return sum(v for _, v in pairs) / len(pairs)
+
+
+def span(pairs: Sequence[tuple[int, float]]) -> tuple[int, int]:
+    return (pairs[0][0], pairs[-1][0])
+
+
+def robust_z(value: float, window: Sequence[float]) -> float:
+    """(value - median) / (1.4826 * MAD) of `window`: a z-score that a few outliers in the window do not
+    inflate. 1.4826 makes the MAD estimate the standard deviation of normal data. A zero MAD (a constant
+    window) is floored at 1e-3 of the median so that exact repeats do not give infinite scores."""
+    med = statistics.median(window)
+    mad = statistics.median(abs(x - med) for x in window)
+    scale = 1.4826 * max(mad, 1e-3 * abs(med), 1e-12)
+    return (value - med) / scale
+
+
+def _r(x: float, digits: int = 4) -> float:
+    """Round for evidence: 4 significant digits."""
+    if not math.isfinite(x) or x == 0:
+        return x
+    return round(x, max(0, digits - 1 - math.floor(math.log10(abs(x)))))
+
+
+ACTION_DOC = (
+    "What the trainer does when this rule reports a critical finding: warn (log an event), skip (drop this "
+    "step's update), rollback (return to the newest healthy checkpoint), stop (end the run). Warnings are "
+    "only logged."
+)
+
+
+class RuleThresholds(BaseModel):
+    """A rule's [guards.<name>] section: `enabled`, `action` (a rule that should act by default overrides
+    "warn"), then the rule's own thresholds."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(True, description="Evaluate this rule (live in the trainer and in keelrl doctor).")
+    action: Action = Field("warn", description=ACTION_DOC)
+
+
+def finding(
+    name: str,
+    severity: Severity,
+    steps: tuple[int, int],
+    evidence: dict[str, float],
+    message: str,
+    suggestion: str,
+    action: Action,
+) -> Finding:
+    """A rule's Finding: evidence rounded to 4 significant digits, and `action` kept only when critical."""
+    return Finding(
+        name=name,
+        severity=severity,
+        steps=steps,
+        evidence={k: _r(float(v)) for k, v in evidence.items()},
+        message=message,
+        suggestion=suggestion,
+        action=action if severity == "critical" else "warn",
+    )
+
+
+def start_and_now(
+    history: Sequence[Record], key: str, baseline_steps: int, window: int
+) -> tuple[float, float, list[tuple[int, float]]] | None:
+    """(mean of the first `baseline_steps` values of `key`, mean of the last `window`, those last pairs);
+    None until both are full and the last window begins after the first ends."""
+    base = head(history, key, baseline_steps)
+    cur = tail(history, key, window)
+    if len(base) < baseline_steps or len(cur) < window or cur[0][0] <= base[-1][0]:
+        return None
+    return mean_value(base), mean_value(cur), cur

@@ -1,0 +1,101 @@
+"""The guard rules: `RULES`, the one registry (name -> rule), and `GuardsConfig`, the [guards] section with
+one sub-section of thresholds per rule under the same name. The rules live by family, each next to its
+thresholds: numerics.py (one update's numbers), policy.py (what the policy writes), reward.py (reward and
+accuracy), process.py (throughput, stalls).
+
+A rule is a pure function `rule(history, thresholds) -> Finding | None` that judges the *latest* window
+of `history` (metric records as written to metrics.jsonl, in step order). Each rule's thresholds are a
+pydantic model whose fields say where each default comes from (REFERENCE.md facts, or a measurement on
+this machine: docs/doctor.md says how those were made).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from keelrl.guards.base import Finding, Record, RuleThresholds
+from keelrl.guards.rules import numerics, policy, process, reward
+
+
+def section(thresholds: type[RuleThresholds]) -> Any:
+    """A rule's [guards] sub-section: its defaults, documented by its thresholds class's docstring."""
+    return Field(default_factory=thresholds, description=thresholds.__doc__)
+
+
+RuleFn = Callable[[Sequence[Record], Any], "Finding | None"]
+
+# Every rule that judges metrics alone, in the order they are reported. A rule's name is also its
+# [guards] sub-section in GuardsConfig below. `stalled` (process.py) is not here: it needs the clock and
+# status.json, so only the doctor calls it; `ratio_outlier` (numerics.py) is judged per update only.
+RULES: dict[str, RuleFn] = {
+    "nonfinite": numerics.nonfinite,
+    "grad_spike": numerics.grad_spike,
+    "exact_zero": numerics.exact_zero,
+    "kl_blowup": numerics.kl_blowup,
+    "mismatch": numerics.mismatch,
+    "entropy_collapse": policy.entropy_collapse,
+    "entropy_explosion": policy.entropy_explosion,
+    "reward_collapse": reward.reward_collapse,
+    "reward_hacking": reward.reward_hacking,
+    "eval_regression": reward.eval_regression,
+    "no_signal": reward.no_signal,
+    "length_explosion": policy.length_explosion,
+    "length_collapse": policy.length_collapse,
+    "truncation_surge": policy.truncation_surge,
+    "repetition": policy.repetition,
+    "throughput_drop": process.throughput_drop,
+}
+# Rules about one step: judged at every record when scanning (a windowed rule may be judged less often).
+POINTWISE = ("nonfinite", "grad_spike", "exact_zero")
+# Incidents the run can move past: `scan` reports a stretch of these that has ended one level lower.
+TRANSIENT = ("nonfinite", "grad_spike", "throughput_drop")
+
+
+class GuardsConfig(BaseModel):
+    """[guards]: one section per rule, each with `enabled`, `action` and its thresholds, plus how the
+    trainer acts on them (skips, rollbacks)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(
+        True, description="Act on the rules during training (keelrl doctor reads them either way)."
+    )
+    skip_window: int = Field(
+        20, ge=1, description="Steps over which skipped updates are counted for escalation."
+    )
+    max_skips_in_window: int = Field(
+        5,
+        ge=1,
+        description="This many skipped updates within guards.skip_window steps escalates to a rollback.",
+    )
+    max_rollbacks: int = Field(
+        3, ge=0, description="Rollbacks allowed per run; one more trouble after that stops the run."
+    )
+    rollback_lr_scale: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Multiply the learning rate by this at every rollback (1.0 = unchanged).",
+    )
+    ratio_outlier: numerics.RatioOutlierThresholds = section(numerics.RatioOutlierThresholds)
+    # the rules, one section each, named as in RULES (stalled: doctor only)
+    nonfinite: numerics.NonfiniteThresholds = section(numerics.NonfiniteThresholds)
+    grad_spike: numerics.GradSpikeThresholds = section(numerics.GradSpikeThresholds)
+    exact_zero: numerics.ExactZeroThresholds = section(numerics.ExactZeroThresholds)
+    entropy_collapse: policy.EntropyCollapseThresholds = section(policy.EntropyCollapseThresholds)
+    entropy_explosion: policy.EntropyExplosionThresholds = section(policy.EntropyExplosionThresholds)
+    kl_blowup: numerics.KlBlowupThresholds = section(numerics.KlBlowupThresholds)
+    mismatch: numerics.MismatchThresholds = section(numerics.MismatchThresholds)
+    length_explosion: policy.LengthExplosionThresholds = section(policy.LengthExplosionThresholds)
+    length_collapse: policy.LengthCollapseThresholds = section(policy.LengthCollapseThresholds)
+    truncation_surge: policy.TruncationSurgeThresholds = section(policy.TruncationSurgeThresholds)
+    repetition: policy.RepetitionThresholds = section(policy.RepetitionThresholds)
+    reward_collapse: reward.RewardCollapseThresholds = section(reward.RewardCollapseThresholds)
+    no_signal: reward.NoSignalThresholds = section(reward.NoSignalThresholds)
+    reward_hacking: reward.RewardHackingThresholds = section(reward.RewardHackingThresholds)
+    eval_regression: reward.EvalRegressionThresholds = section(reward.EvalRegressionThresholds)
+    throughput_drop: process.ThroughputDropThresholds = section(process.ThroughputDropThresholds)
+    stalled: process.StalledThresholds = section(process.StalledThresholds)

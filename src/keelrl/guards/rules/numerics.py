@@ -1,0 +1,313 @@
+"""Rules on one update's numbers and how far it moves the policy: non-finite values, gradient-norm
+spikes, exactly-zero updates, importance-ratio outliers (judged per update only), KL blow-up, and
+sampler/trainer mismatch."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from keelrl.guards.base import (
+    ACTION_DOC,
+    MAX_LOOKBACK,
+    Action,
+    Finding,
+    Record,
+    RuleThresholds,
+    Severity,
+    finding,
+    is_train_record,
+    mean_value,
+    metric_value,
+    robust_z,
+    span,
+    step_of,
+    tail,
+)
+
+
+class NonfiniteThresholds(RuleThresholds):
+    """A loss, gradient or other metric is NaN or infinite, or the trainer skipped a non-finite update."""
+
+    # A NaN/inf loss or gradient poisons the weights on the next optimizer step; there is no safe level.
+    action: Action = Field("skip", description=ACTION_DOC)
+
+
+def nonfinite(history: Sequence[Record], t: NonfiniteThresholds) -> Finding | None:
+    """The latest record holds a NaN/inf value, or says the trainer dropped a non-finite update."""
+    if not history:
+        return None
+    rec = history[-1]
+    step = step_of(rec, len(history) - 1)
+    # keys whose value is a non-finite number (a value that is no number at all counts as finite here)
+    bad = [k for k in rec if k not in ("step", "time") and not math.isfinite(metric_value(rec, k) or 0.0)]
+    skipped = metric_value(rec, "guard/nonfinite_updates") or 0.0
+    if not bad and not (math.isfinite(skipped) and skipped > 0):
+        return None
+    what = ", ".join(sorted(bad)) if bad else "the gradient (the update was dropped)"
+    return finding(
+        "nonfinite",
+        "critical",
+        (step, step),
+        {"nonfinite_metrics": len(bad), "nonfinite_updates": skipped if math.isfinite(skipped) else 0.0},
+        f"Non-finite values at step {step}: {what}.",
+        "Lower algo.lr, keep algo.grad_clip > 0, and check the reward for inf/NaN; with model.dtype = "
+        "'bfloat16' try float32.",
+        t.action,
+    )
+
+
+class GradSpikeThresholds(RuleThresholds):
+    """grad_norm far above its recent median (robust z-score)."""
+
+    action: Action = Field("skip", description=ACTION_DOC)
+    # 20 steps: long enough for a stable median, short enough to follow a decaying grad norm.
+    window: int = Field(20, ge=5, description="Preceding steps the latest grad_norm is compared with.")
+    # Measured (docs/doctor.md, dense-reward tiny run, lr 3e-4, 300 steps): the largest robust z of a
+    # healthy step against its 20 predecessors was 4.4, so 6 leaves margin; PaLM's loss spikes were
+    # rare, large events (~20 in a whole 540B run), not the tail of normal noise.
+    z: float = Field(
+        6.0, gt=0.0, description="Robust z-score (median/MAD of the window) above which grad_norm is a spike."
+    )
+    # Measured on the same run: the largest healthy grad_norm / window median was 1.37.
+    min_ratio: float = Field(
+        2.0, ge=1.0, description="A spike must also be at least this many times the window median."
+    )
+
+
+def grad_spike(history: Sequence[Record], t: GradSpikeThresholds) -> Finding | None:
+    """The latest grad_norm against the `window` before it. For a check before the optimizer step, append
+    a record {"step": s, "grad_norm": g} to the history first."""
+    if not history:
+        return None
+    g = metric_value(history[-1], "grad_norm")
+    if g is None or not math.isfinite(g):
+        return None
+    prev = tail(history[:-1], "grad_norm", t.window)
+    if len(prev) < max(5, t.window // 2):
+        return None
+    values = [v for _, v in prev]
+    med = statistics.median(values)
+    if med <= 0:
+        return None
+    z = robust_z(g, values)
+    ratio = g / med
+    if z < t.z or ratio < t.min_ratio:
+        return None
+    step = step_of(history[-1], len(history) - 1)
+    return finding(
+        "grad_spike",
+        "critical",
+        (step, step),
+        {"grad_norm": g, "window_median": med, "robust_z": z, "ratio": ratio},
+        f"grad_norm {g:.3g} at step {step} is {ratio:.1f}x the median of the previous {len(values)} steps "
+        f"(robust z {z:.1f}).",
+        "A single spike is usually one bad batch (skipping it is what PaLM did); repeated spikes mean lower "
+        "algo.lr or a tighter algo.grad_clip, and check mismatch/kl first (the gap often grows before spikes).",
+        t.action,
+    )
+
+
+class ExactZeroThresholds(RuleThresholds):
+    """Loss and grad_norm exactly 0.0 for several steps while training."""
+
+    action: Action = Field("stop", description=ACTION_DOC)
+    # REFERENCE: a broken weight sync gave reward, loss and grad-norm of exactly 0.0 every step. One exact
+    # zero happens when every group of a step has equal rewards; with varying rewards (e.g. 8 groups of 4
+    # at p = 0.9, each all-equal with probability 0.66) three such steps in a row has odds ~4e-5.
+    min_steps: int = Field(
+        3, ge=1, description="Consecutive training steps with loss and grad_norm exactly 0.0."
+    )
+
+
+def _is_zero_step(rec: Record) -> bool:
+    loss = metric_value(rec, "loss/total")
+    loss = metric_value(rec, "loss/policy") if loss is None else loss
+    lr = metric_value(rec, "lr")
+    return loss == 0.0 and metric_value(rec, "grad_norm") == 0.0 and (lr is None or lr > 0)
+
+
+def exact_zero(history: Sequence[Record], t: ExactZeroThresholds) -> Finding | None:
+    """loss and grad_norm exactly 0.0 for `min_steps` training steps in a row (lr > 0), counting the whole
+    stretch back to where it began (at most MAX_LOOKBACK records)."""
+    recs: list[Record] = []
+    for i in range(len(history) - 1, max(-1, len(history) - 1 - MAX_LOOKBACK), -1):
+        rec = history[i]
+        if not is_train_record(rec):
+            continue
+        if not _is_zero_step(rec):
+            break
+        recs.append(rec)
+    if len(recs) < t.min_steps:
+        return None
+    recs.reverse()
+    steps = (step_of(recs[0], 0), step_of(recs[-1], 0))
+    no_signal = [metric_value(r, "groups/no_signal_frac") for r in recs]
+    rewards = [metric_value(r, "reward/mean") for r in recs]
+    stds = [metric_value(r, "reward/std") for r in recs]
+    evidence = {"zero_steps": float(len(recs))}
+    if all(v is not None for v in no_signal):
+        evidence["no_signal_frac"] = min(v for v in no_signal if v is not None)
+    if all(v is not None for v in rewards):
+        evidence["reward_mean"] = max(abs(v) for v in rewards if v is not None)
+    has_signal = ("no_signal_frac" in evidence and evidence["no_signal_frac"] < 1.0) or (
+        "no_signal_frac" not in evidence and any(s is not None and s > 0 for s in stds)
+    )
+    n = len(recs)
+    if has_signal:
+        severity: Severity = "critical"
+        msg = (
+            f"loss and grad_norm are exactly 0.0 for {n} steps although rewards vary within groups: "
+            "the update is disconnected from the rollouts."
+        )
+        sug = (
+            "Check that the trainer's weights reach the sampler, that advantages are not masked away, and that the "
+            "loss is not detached."
+        )
+    elif evidence.get("reward_mean") == 0.0:
+        severity = "warning"
+        msg = (
+            f"reward, loss and grad_norm are exactly 0.0 for {n} steps. Either no rollout earns any reward "
+            "(see no_signal) or the pipeline is broken: a failed weight sync once looked exactly like this."
+        )
+        sug = (
+            "Read a few rollouts (keelrl doctor prints some): if they are sensible, check the weight sync and the "
+            "scorer; if not, the task is too hard for the policy (task.params, rollout.group_size, rollout.temperature)."
+        )
+    else:
+        severity = "info"
+        msg = (
+            f"loss and grad_norm are exactly 0.0 for {n} steps because every group's rewards are equal "
+            "(no gradient to follow)."
+        )
+        sug = "See no_signal: harder or more varied problems, or a larger rollout.group_size."
+    return finding("exact_zero", severity, steps, evidence, msg, sug, t.action)
+
+
+class RatioOutlierThresholds(RuleThresholds):
+    """Per-step guard: an importance ratio far outside the trust region."""
+
+    action: Action = Field("skip", description=ACTION_DOC)
+    # PPO's clip range (0.2) means ratios past 1.2 already carry no gradient; a token whose probability moved
+    # 10x (2.3 nats) between sampling and this update is far outside any trust region. veRL warns when
+    # importance weights leave [0.5, 2] on average (REFERENCE.md); 10 is for a single token's maximum.
+    max_ratio: float = Field(
+        10.0, gt=1.0, description="Skip an update whose largest per-token ratio pi/pi_old exceeds this."
+    )
+
+
+def ratio_outlier(step: int, ratio_max: float, t: RatioOutlierThresholds) -> Finding | None:
+    """One update's largest per-token ratio pi/pi_old, judged before the update is applied (per step only)."""
+    if not (math.isfinite(ratio_max) and ratio_max > t.max_ratio):
+        return None
+    return finding(
+        "ratio_outlier",
+        "critical",
+        (step, step),
+        {"ratio_max": ratio_max, "max_ratio": t.max_ratio},
+        f"an importance ratio of {ratio_max:.3g} is far outside the trust region",
+        "lower algo.lr, algo.ppo_epochs or algo.minibatches, or check sampler/trainer log-prob agreement",
+        t.action,
+    )
+
+
+class KlBlowupThresholds(RuleThresholds):
+    """The policy moves far within a step (kl/old) or jumps away from the reference (kl/ref)."""
+
+    action: Action = Field("rollback", description=ACTION_DOC)
+    window: int = Field(5, ge=1, description="Steps averaged for the current KL.")
+    # kl/old is the k3 KL between the sampling policy and the one being updated. Inside PPO's trust region
+    # (clip 0.2) |log r| <= ln 1.2 = 0.18 per token, i.e. k3 ~ 0.5 * 0.18^2 = 0.017; REFERENCE: veRL warns
+    # on a sampler/trainer KL above 0.1. Above 0.1 the average token is well outside the trust region.
+    max_kl_old: float = Field(
+        0.1, gt=0.0, description="Critical when the mean kl/old (policy moved within a step) exceeds this."
+    )
+    # kl/ref grows slowly as the policy learns; a blow-up is a jump. Heuristic, no field number known:
+    # 10x the preceding level within `window` steps is a discontinuity, not drift.
+    ref_jump: float = Field(
+        10.0,
+        gt=1.0,
+        description="Critical when the mean kl/ref jumps to this many times its preceding median.",
+    )
+    ref_history: int = Field(
+        20, ge=2, description="Steps before the window whose median kl/ref is the preceding level."
+    )
+    # REFERENCE: healthy sampler/trainer KL is 4e-4 to 1e-2; a tenfold jump that stays below 0.01 is
+    # still inside what healthy runs show.
+    ref_floor: float = Field(0.01, ge=0.0, description="kl/ref must also exceed this to count as a blow-up.")
+
+
+def kl_blowup(history: Sequence[Record], t: KlBlowupThresholds) -> Finding | None:
+    """kl/old above the trust-region level, or kl/ref jumping to many times its preceding median."""
+    old = tail(history, "kl/old", t.window)
+    if len(old) == t.window and (k := mean_value(old)) > t.max_kl_old:
+        return finding(
+            "kl_blowup",
+            "critical",
+            span(old),
+            {"kl_old": k, "max_kl_old": t.max_kl_old},
+            f"kl/old averages {k:.3g} over steps {old[0][0]}-{old[-1][0]}: each update moves the policy far outside "
+            "PPO's trust region.",
+            "Lower algo.lr, algo.ppo_epochs or algo.minibatches, or tighten algo.clip_low / algo.clip_high.",
+            t.action,
+        )
+    ref = tail(history, "kl/ref", t.window + t.ref_history)
+    if len(ref) < t.window + max(2, t.ref_history // 2):
+        return None
+    cur, prev = ref[-t.window :], ref[: -t.window]
+    k, before = mean_value(cur), statistics.median(v for _, v in prev)
+    if k <= t.ref_floor or k < t.ref_jump * max(before, 1e-12):
+        return None
+    return finding(
+        "kl_blowup",
+        "critical",
+        span(cur),
+        {"kl_ref": k, "kl_ref_before": before, "ratio": k / max(before, 1e-12)},
+        f"kl/ref jumped from {before:.3g} to {k:.3g} (steps {cur[0][0]}-{cur[-1][0]}): the policy is leaving the "
+        "reference model quickly.",
+        "Raise algo.kl_coef or lower algo.lr; check grad_spike and mismatch findings around the same steps.",
+        t.action,
+    )
+
+
+class MismatchThresholds(RuleThresholds):
+    """Sampler and trainer log-probs disagree (mismatch/kl)."""
+
+    # action stays "warn": rolling back cannot repair a sampler that disagrees with the trainer; truncated IS
+    # (algo.tis_cap) can.
+    window: int = Field(5, ge=1, description="Steps averaged for the sampler/trainer gap (mismatch/kl).")
+    # REFERENCE: healthy dense runs show sampler/trainer KL 4e-4 to 1e-2; veRL warns above 0.1.
+    warn_kl: float = Field(
+        0.01, gt=0.0, description="Warn when mean mismatch/kl exceeds this (upper end of healthy runs)."
+    )
+    critical_kl: float = Field(
+        0.1, gt=0.0, description="Critical when mean mismatch/kl exceeds this (veRL's warning level)."
+    )
+
+
+def mismatch(history: Sequence[Record], t: MismatchThresholds) -> Finding | None:
+    """Sampler/trainer log-prob gap (mismatch/kl, logged when the trainer recomputes log-probs)."""
+    cur = tail(history, "mismatch/kl", t.window)
+    if len(cur) < t.window:
+        return None
+    k = mean_value(cur)
+    if k <= t.warn_kl:
+        return None
+    ev = {"mismatch_kl": k}
+    mx = tail(history, "mismatch/max_abs", t.window)
+    if mx:
+        ev["max_abs_logprob_gap"] = max(v for _, v in mx)
+    return finding(
+        "mismatch",
+        "critical" if k > t.critical_kl else "warning",
+        span(cur),
+        ev,
+        f"Sampler and trainer disagree: mismatch/kl averages {k:.3g} over steps {cur[0][0]}-{cur[-1][0]} "
+        "(healthy runs show 4e-4 to 1e-2).",
+        "Check the weight sync and that sampler and trainer use the same temperature/top-p; enable truncated "
+        "importance sampling with algo.tis_cap (about 2).",
+        t.action,
+    )

@@ -1,0 +1,287 @@
+"""Rules on what the policy writes: token entropy collapsing or exploding, response length exploding or
+collapsing, completions cut at the length limit, repetition."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from keelrl.guards.base import (
+    ACTION_DOC,
+    Action,
+    Finding,
+    Record,
+    RuleThresholds,
+    Severity,
+    finding,
+    head,
+    mean_value,
+    span,
+    start_and_now,
+    tail,
+)
+
+
+class EntropyCollapseThresholds(RuleThresholds):
+    """Token entropy fell to a small fraction of its start."""
+
+    # action stays "warn": collapse is gradual and rolling back usually replays it; lowering lr is the
+    # user's call.
+    window: int = Field(10, ge=1, description="Steps averaged for the current entropy.")
+    baseline_steps: int = Field(
+        5, ge=1, description="First training steps averaged for the starting entropy."
+    )
+    # REFERENCE (arXiv 2505.22617): R ~ -a*exp(H) + b, most of the entropy drop happens early and coverage
+    # narrows. Measured here (docs/doctor.md): at lr 3e-3 the tiny policy fell to 6% of its starting
+    # entropy by step 150, writing "2222..." with eval accuracy halved; at lr 3e-4 it kept 52% after 300.
+    warn_frac: float = Field(
+        0.25, gt=0.0, lt=1.0, description="Warn when entropy falls below this fraction of its starting value."
+    )
+    critical_frac: float = Field(
+        0.1, gt=0.0, lt=1.0, description="Critical below this fraction of the starting entropy."
+    )
+
+
+def entropy_collapse(history: Sequence[Record], t: EntropyCollapseThresholds) -> Finding | None:
+    """Mean entropy of the last `window` steps below a fraction of the starting entropy."""
+    if (got := start_and_now(history, "entropy", t.baseline_steps, t.window)) is None:
+        return None
+    h0, h, cur = got
+    if h0 <= 0:
+        return None
+    frac = h / h0
+    if frac >= t.warn_frac:
+        return None
+    return finding(
+        "entropy_collapse",
+        "critical" if frac < t.critical_frac else "warning",
+        span(cur),
+        {"entropy": h, "start_entropy": h0, "fraction_left": frac},
+        f"Token entropy is {h:.3g} nats over steps {cur[0][0]}-{cur[-1][0]}, {frac:.0%} of its starting {h0:.3g}: "
+        "the policy is close to deterministic and has little left to explore with.",
+        "Lower algo.lr, raise algo.clip_high (DAPO's clip-higher uses 0.28), add a small algo.entropy_coef "
+        "(TinyZero used 0.001), or raise rollout.temperature.",
+        t.action,
+    )
+
+
+class EntropyExplosionThresholds(RuleThresholds):
+    """Token entropy rose past the levels where runs degrade."""
+
+    action: Action = Field("rollback", description=ACTION_DOC)
+    window: int = Field(5, ge=1, description="Steps averaged for the current entropy.")
+    baseline_steps: int = Field(
+        5, ge=1, description="First training steps averaged for the starting entropy."
+    )
+    # REFERENCE (a DeepCoder maintainer): rising entropy is fine while < 1 nat/token; a run at 2.0 degraded.
+    warn_nats: float = Field(
+        1.0, gt=0.0, description="Warn when mean token entropy (nats) exceeds this and has risen."
+    )
+    critical_nats: float = Field(
+        2.0, gt=0.0, description="Critical when mean token entropy (nats) exceeds this and has risen."
+    )
+    # A random-init model starts near ln(vocab) (4.56 nats on the smoke model, measured) and must not
+    # fire for merely staying there: the entropy must also have risen by this much since the start.
+    min_rise: float = Field(
+        0.5, ge=0.0, description="Entropy must also be this many nats above its starting value."
+    )
+
+
+def entropy_explosion(history: Sequence[Record], t: EntropyExplosionThresholds) -> Finding | None:
+    """Mean entropy of the last `window` steps above an absolute level and risen since the start."""
+    if (got := start_and_now(history, "entropy", t.baseline_steps, t.window)) is None:
+        return None
+    h0, h, cur = got
+    if h < t.warn_nats or h - h0 < t.min_rise:
+        return None
+    return finding(
+        "entropy_explosion",
+        "critical" if h >= t.critical_nats else "warning",
+        span(cur),
+        {"entropy": h, "start_entropy": h0},
+        f"Token entropy rose from {h0:.3g} to {h:.3g} nats (steps {cur[0][0]}-{cur[-1][0]}); runs are reported to "
+        "degrade above 1-2 nats/token.",
+        "Lower algo.lr or algo.clip_high, remove algo.entropy_coef, or lower rollout.temperature; check mismatch/kl.",
+        t.action,
+    )
+
+
+class LengthExplosionThresholds(RuleThresholds):
+    """Responses grew several-fold without accuracy gains."""
+
+    # action stays "warn": longer answers are how TinyZero learned search; it fires only while accuracy is
+    # not improving.
+    window: int = Field(10, ge=1, description="Steps averaged for the current response length.")
+    baseline_steps: int = Field(5, ge=1, description="First training steps averaged for the starting length.")
+    # Heuristic: doubling is the smallest change a reader would call an explosion. REFERENCE (Dr. GRPO,
+    # arXiv 2503.20783): per-response length normalisation favours longer *wrong* answers, so growth
+    # without accuracy gain is the biased kind.
+    factor: float = Field(
+        2.0, gt=1.0, description="Fires when mean response length reaches this multiple of its start."
+    )
+    # REFERENCE: batch accuracy over B samples has std <= 0.5/sqrt(B) (0.06 at B = 64); 0.05 over a
+    # 10-step mean is well above that noise.
+    min_accuracy_gain: float = Field(
+        0.05, ge=0.0, description="Only fires while accuracy has gained less than this since the start."
+    )
+
+
+def length_explosion(history: Sequence[Record], t: LengthExplosionThresholds) -> Finding | None:
+    """Mean response length several times its start while accuracy has not improved."""
+    if (got := start_and_now(history, "response_length/mean", t.baseline_steps, t.window)) is None:
+        return None
+    l0, length, cur = got
+    if l0 <= 0 or length < t.factor * l0:
+        return None
+    ev = {"length": length, "start_length": l0, "factor": length / l0}
+    acc0, acc = head(history, "accuracy", t.baseline_steps), tail(history, "accuracy", t.window)
+    if acc0 and acc:
+        gain = mean_value(acc) - mean_value(acc0)
+        ev["accuracy_gain"] = gain
+        if gain >= t.min_accuracy_gain:
+            return None
+    return finding(
+        "length_explosion",
+        "warning",
+        span(cur),
+        ev,
+        f"Mean response length grew from {l0:.3g} to {length:.3g} tokens (steps {cur[0][0]}-{cur[-1][0]}) without "
+        "an accuracy gain: longer, not better.",
+        "Use algo.loss_agg = 'constant' with algo.advantage = 'dr_grpo' (per-response length normalisation favours "
+        "long wrong answers), or lower rollout.max_new_tokens.",
+        t.action,
+    )
+
+
+class LengthCollapseThresholds(RuleThresholds):
+    """Responses shrank to a fraction of their start."""
+
+    window: int = Field(10, ge=1, description="Steps averaged for the current response length.")
+    baseline_steps: int = Field(5, ge=1, description="First training steps averaged for the starting length.")
+    # REFERENCE (TinyZero): the 0.5B model "guesses and stops". Heuristic: below 30% of the starting length
+    # the model has dropped most of its reasoning.
+    frac: float = Field(
+        0.3,
+        gt=0.0,
+        lt=1.0,
+        description="Warn when mean response length falls below this fraction of its start.",
+    )
+    # No shipped task's answer block fits in fewer than 2 tokens ("</answer>" alone is 9 characters).
+    critical_tokens: float = Field(
+        2.0, ge=0.0, description="Critical when mean response length falls below this many tokens."
+    )
+
+
+def length_collapse(history: Sequence[Record], t: LengthCollapseThresholds) -> Finding | None:
+    """Mean response length below a fraction of its start (or below a few tokens)."""
+    if (got := start_and_now(history, "response_length/mean", t.baseline_steps, t.window)) is None:
+        return None
+    l0, length, cur = got
+    if length >= t.critical_tokens and (l0 <= 0 or length >= t.frac * l0):
+        return None
+    return finding(
+        "length_collapse",
+        "critical" if length < t.critical_tokens else "warning",
+        span(cur),
+        {"length": length, "start_length": l0},
+        f"Mean response length fell from {l0:.3g} to {length:.3g} tokens (steps {cur[0][0]}-{cur[-1][0]}): the "
+        'model answers without working ("guesses and stops").',
+        "Lower algo.lr; check that format credit does not pay for bare answers; raise rollout.temperature.",
+        t.action,
+    )
+
+
+class TruncationSurgeThresholds(RuleThresholds):
+    """Many completions are cut at rollout.max_new_tokens."""
+
+    window: int = Field(10, ge=1, description="Steps averaged for the current truncated fraction.")
+    baseline_steps: int = Field(
+        5, ge=1, description="First training steps averaged for the starting truncated fraction."
+    )
+    # REFERENCE (TinyZero reward): no <answer> gives 0, so a truncated completion carries no answer; at a
+    # truncated fraction f at most 1 - f of the batch can be right, and DAPO filters/shapes overlong samples
+    # because they inject reward noise. Above one half, most of the batch is cut off.
+    warn_frac: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of completions cut at rollout.max_new_tokens that is worth a warning.",
+    )
+    critical_frac: float = Field(
+        0.9, gt=0.0, le=1.0, description="Critical when this fraction is truncated and it has risen."
+    )
+    # Measured: the smoke model (random init) starts at 0.84 truncated; a high level that has not risen is
+    # reported as info (raise rollout.max_new_tokens) rather than as a surge.
+    min_rise: float = Field(
+        0.2, ge=0.0, description="A surge must rise at least this much above the starting fraction."
+    )
+
+
+def truncation_surge(history: Sequence[Record], t: TruncationSurgeThresholds) -> Finding | None:
+    """Many completions cut at the length limit: a surge (risen) is a warning or critical; a level that was
+    high from the start is info."""
+    if (got := start_and_now(history, "response_length/truncated_frac", t.baseline_steps, t.window)) is None:
+        return None
+    f0, f, cur = got
+    if f < t.warn_frac:
+        return None
+    rise = f - f0
+    if rise < t.min_rise:
+        severity: Severity = "info"
+        msg = f"{f:.0%} of completions hit the length limit (steps {cur[0][0]}-{cur[-1][0]}), about as many as at the start ({f0:.0%})."
+    else:
+        severity = "critical" if f >= t.critical_frac else "warning"
+        msg = f"Truncated completions rose from {f0:.0%} to {f:.0%} (steps {cur[0][0]}-{cur[-1][0]}): cut answers earn no reward."
+    return finding(
+        "truncation_surge",
+        severity,
+        span(cur),
+        {"truncated_frac": f, "start_truncated_frac": f0},
+        msg,
+        "Raise rollout.max_new_tokens if the answers need the room; if they ramble or loop, lower algo.lr and see "
+        "repetition / length_explosion.",
+        t.action,
+    )
+
+
+class RepetitionThresholds(RuleThresholds):
+    """Many completions repeat themselves (repetition/frac)."""
+
+    window: int = Field(
+        5, ge=1, description="Steps averaged for the current repetitive fraction (repetition/frac)."
+    )
+    baseline_steps: int = Field(
+        5, ge=1, description="First training steps averaged for the starting fraction."
+    )
+    # Measured: healthy tiny runs log repetition/frac 0.0 throughout; the collapsing lr 3e-3 run went
+    # 0.0 -> 0.5 -> 1.0 between steps 80 and 100. REFERENCE: MiniMax-M1 had to cut generation after
+    # 3,000 near-certain tokens in a row. repetition/frac counts completions whose 4-grams repeat > 50%.
+    warn_frac: float = Field(
+        0.2, gt=0.0, le=1.0, description="Warn when this fraction of completions is repetitive."
+    )
+    critical_frac: float = Field(
+        0.5, gt=0.0, le=1.0, description="Critical when this fraction of completions is repetitive."
+    )
+    min_rise: float = Field(
+        0.1, ge=0.0, description="The fraction must also have risen this much since the start."
+    )
+
+
+def repetition(history: Sequence[Record], t: RepetitionThresholds) -> Finding | None:
+    """Share of repetitive completions (repetition/frac) high and risen since the start."""
+    if (got := start_and_now(history, "repetition/frac", t.baseline_steps, t.window)) is None:
+        return None
+    r0, r, cur = got
+    if r < t.warn_frac or r - r0 < t.min_rise:
+        return None
+    return finding(
+        "repetition",
+        "critical" if r >= t.critical_frac else "warning",
+        span(cur),
+        {"repetitive_frac": r, "start_repetitive_frac": r0},
+        f"{r:.0%} of sampled completions repeat themselves (steps {cur[0][0]}-{cur[-1][0]}; {r0:.0%} at the start).",
+        "Lower algo.lr, add a small algo.entropy_coef, or raise rollout.temperature; check that the reward does "
+        "not pay for repeated text.",
+        t.action,
+    )

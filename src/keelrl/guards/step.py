@@ -1,0 +1,44 @@
+"""Per-step checks: `check_update` judges one update before the optimizer applies it (a non-finite loss
+or gradient, a gradient-norm spike, an exactly-zero gradient while advantages are not, an importance ratio
+far outside the trust region) and returns the finding that says to skip it. The same rules as the
+windowed ones (rules/numerics.py), applied to the update about to happen instead of the history."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from keelrl.guards.base import Finding, Record, finding
+from keelrl.guards.rules import GuardsConfig
+from keelrl.guards.rules.numerics import grad_spike, nonfinite, ratio_outlier
+
+
+def check_update(
+    history: Sequence[Record],
+    step: int,
+    loss: float,
+    grad_norm: float,
+    ratio_max: float,
+    advantage_abs_mean: float,
+    cfg: GuardsConfig,
+) -> Finding | None:
+    """Judge one update before it is applied. Returns the finding that says to skip it, or None."""
+    rec = {"step": step, "loss/total": loss, "grad_norm": grad_norm}
+    # Both rules report critical findings only.
+    if cfg.nonfinite.enabled and (f := nonfinite([rec], cfg.nonfinite)) is not None:
+        return f
+    if cfg.grad_spike.enabled and (f := grad_spike([*history, rec], cfg.grad_spike)) is not None:
+        return f
+    # Judged on the advantages, not on the batch's rewards: groups that are each all-right or all-wrong make
+    # rewards vary across the batch with every advantage 0, and a zero gradient is then correct (measured:
+    # judging reward/std skipped such SmolLM2 steps and escalated them to a pointless rollback).
+    if cfg.exact_zero.enabled and grad_norm == 0.0 and advantage_abs_mean > 1e-9:
+        return finding(
+            "exact_zero",
+            "critical",
+            (step, step),
+            {"grad_norm": 0.0, "advantage_abs_mean": advantage_abs_mean},
+            "the gradient is exactly zero although advantages are not: the update computes nothing",
+            "check that the policy is trainable (requires_grad) and that advantages reach the loss",
+            "skip",
+        )
+    return ratio_outlier(step, ratio_max, cfg.ratio_outlier) if cfg.ratio_outlier.enabled else None
