@@ -12,7 +12,10 @@ Departures from the papers, stated:
 - RLOO's baseline is the mean of the other G-1 rewards, r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean).
 - REINFORCE++ normalises over the whole batch (mean and population std of the global batch); with
   `group_baseline` the group mean is subtracted first (the "REINFORCE++-baseline" variant). Its KL term
-  is the separate KL loss, not folded into the reward.
+  is the separate KL loss, not folded into the reward. The normalisation is per sequence: each
+  completion counts once in the mean and std. Its authors' code (OpenRLHF) normalises per token, over
+  every trainable token of the batch, so a long completion weighs more there; with outcome rewards and
+  no KL in the reward the two differ only in that weighting.
 """
 
 from __future__ import annotations

@@ -89,7 +89,3 @@ def truncated_is_weights(
     """min(pi_old / pi_sampler, cap) per token, without gradient: corrects for a sampler whose numerics
     differ from the trainer's (truncated importance sampling)."""
     return torch.exp((old_logprobs - sampler_logprobs).clamp(-20.0, 20.0)).clamp_max(cap).detach()
-
-
-def masked_sum(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    return (x * weights).sum()

@@ -1,0 +1,137 @@
+"""Mutation audit of the policy loss: do the unit tests catch each plausible slip in its assembly?
+
+Each mutation is one exact text replacement in algo/objectives.py or algo/losses.py (it must match
+exactly once). For each, a fresh copy of src/keelrl gets the patch and the loss tests run against it
+(PYTHONPATH at the copy). Prints JSON, one entry per mutation with `caught`; exits 1 if any mutation
+survives or the unpatched tests fail. About a minute on one core. MUTATE_TESTS="a.py b.py" picks
+the test files (default: test_objectives.py and test_losses.py).
+
+    python benchmarks/mutate_loss.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = os.environ.get("MUTATE_TESTS", "tests/unit/test_objectives.py tests/unit/test_losses.py").split()
+OBJ, LOSSES = "algo/objectives.py", "algo/losses.py"
+
+# name -> (file under src/keelrl, exact text, replacement)
+MUTATIONS: dict[str, tuple[str, str, str]] = {
+    "advantage_sign_flipped": (OBJ, "adv = x.advantages[:, None]", "adv = -x.advantages[:, None]"),
+    "advantage_rows_reversed": (OBJ, "adv = x.advantages[:, None]", "adv = x.advantages.flip(0)[:, None]"),
+    "kl_dropped": (OBJ, "loss = loss + algo.kl_coef * (kl * w).sum()", "loss = loss + 0.0 * (kl * w).sum()"),
+    "kl_flipped": (OBJ, "loss = loss + algo.kl_coef * (kl", "loss = loss - algo.kl_coef * (kl"),
+    "kl_coef_doubled": (OBJ, "loss = loss + algo.kl_coef * (kl", "loss = loss + 2 * algo.kl_coef * (kl"),
+    "kl_estimator_ignored": (OBJ, "x.ref_logprobs, algo.kl_estimator)", 'x.ref_logprobs, "k1")'),
+    "entropy_dropped": (OBJ, "loss = loss - algo.entropy_coef * (x.entropy * w).sum()", "loss = loss"),
+    "entropy_flipped": (OBJ, "loss = loss - algo.entropy_coef", "loss = loss + algo.entropy_coef"),
+    "tis_ignored": (OBJ, "pg = pg * x.is_weights", "pg = pg"),
+    "tis_inverted": (OBJ, "pg = pg * x.is_weights", "pg = pg / x.is_weights"),
+    "clip_bounds_swapped_in_objective": (
+        OBJ,
+        "algo.clip_low, algo.clip_high",
+        "algo.clip_high, algo.clip_low",
+    ),
+    "clip_bounds_swapped_in_loss": (
+        LOSSES,
+        "ratio.clamp(1.0 - clip_low, 1.0 + clip_high)",
+        "ratio.clamp(1.0 - clip_high, 1.0 + clip_low)",
+    ),
+    "ratio_inverted": (LOSSES, "(logprobs - old_logprobs).clamp", "(old_logprobs - logprobs).clamp"),
+    "dual_clip_ignored_in_objective": (OBJ, "algo.clip_high, algo.dual_clip)", "algo.clip_high, 0.0)"),
+    "dual_clip_ignored_in_loss": (
+        LOSSES,
+        "loss = torch.where(advantages < 0, torch.minimum(loss, cap), loss)",
+        "loss = loss",
+    ),
+    "always_token_mean": (LOSSES, 'if mode == "token_mean":', "if True:"),
+    "loss_weighted_by_metric_weights": (
+        OBJ,
+        "policy_loss = (pg * w).sum()",
+        "policy_loss = (pg * x.metric_weights).sum()",
+    ),
+    "seq_mean_ignores_lengths": (LOSSES, "return mask / per_seq / max(", "return mask / max("),
+    "constant_ignores_max_len": (
+        LOSSES,
+        "mask / (max(global_seqs, 1.0) * max_new_tokens)",
+        "mask / max(global_seqs, 1.0)",
+    ),
+    "constant_uses_padded_len": (
+        LOSSES,
+        "(max(global_seqs, 1.0) * max_new_tokens)",
+        "(max(global_seqs, 1.0) * mask.shape[1])",
+    ),
+    "metrics_weighted_like_the_loss": (OBJ, "m = x.metric_weights", "m = x.loss_weights"),
+    "dual_clipfrac_not_logged": (OBJ, '"clipfrac/dual": (pstats["dual_clipped"] * m).sum(),', ""),
+}
+
+
+def run_tests(src: Path) -> int:
+    """pytest's exit status for the loss tests against the package under `src` (0 pass, 1 a test failed)."""
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-x",
+        "--noconftest",
+        *TESTS,
+    ]  # no tiny-model fixtures: faster start
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=300).returncode
+
+
+def patched_copy(tmp: Path, name: str | None) -> Path:
+    """A fresh copy of src/keelrl under tmp/<name>/, with mutation `name` applied (None: unpatched)."""
+    src = tmp / (name or "baseline")
+    shutil.copytree(ROOT / "src" / "keelrl", src / "keelrl", ignore=shutil.ignore_patterns("__pycache__"))
+    if name is not None:
+        rel, old, new = MUTATIONS[name]
+        path = src / "keelrl" / rel
+        text = path.read_text()
+        if text.count(old) != 1:
+            raise SystemExit(
+                f"mutation {name}: {old!r} occurs {text.count(old)} times in {rel}, expected once"
+            )
+        path.write_text(text.replace(old, new))
+    return src
+
+
+def main() -> int:
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mutate_loss_") as tmp:
+        baseline = run_tests(patched_copy(Path(tmp), None)) == 0
+        results = []
+        for name in MUTATIONS:
+            t0 = time.perf_counter()
+            rc = run_tests(patched_copy(Path(tmp), name))  # anything but a failing test (1) is not a catch
+            s = round(time.perf_counter() - t0, 1)
+            results.append(
+                {"mutation": name, "file": MUTATIONS[name][0], "caught": rc == 1, "rc": rc, "s": s}
+            )
+    survivors = [r["mutation"] for r in results if not r["caught"]]
+    out = {
+        "tests": TESTS,
+        "baseline_passes": baseline,
+        "mutations": results,
+        "caught": len(results) - len(survivors),
+        "survivors": survivors,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    print(json.dumps(out, indent=1))
+    return 0 if baseline and not survivors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
