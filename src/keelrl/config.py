@@ -131,6 +131,11 @@ class AlgoConfig(Section):
         True, description="reinforce_pp only: subtract the group mean before batch normalisation."
     )
     std_eps: float = Field(1e-6, gt=0.0, description="Added to standard deviations before dividing.")
+    objective: Literal["ppo_clip"] = Field(
+        "ppo_clip",
+        description="The policy loss (algo/objectives.py): ppo_clip is PPO-clip with clip_low/clip_high, dual "
+        "clip, truncated IS weights, KL to the reference and an entropy bonus.",
+    )
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = Field(
         "token_mean",
         description=(

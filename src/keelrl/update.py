@@ -18,7 +18,8 @@ from transformers import PreTrainedModel
 
 from keelrl.algo.advantages import compute_advantages
 from keelrl.algo.logprobs import Autocast, LogprobModule, autocast_context
-from keelrl.algo.losses import kl_penalty, ppo_clip_loss, token_weights, truncated_is_weights
+from keelrl.algo.losses import token_weights, truncated_is_weights
+from keelrl.algo.objectives import OBJECTIVES, LossInputs
 from keelrl.config import AlgoConfig
 from keelrl.distributed import (
     World,
@@ -301,7 +302,7 @@ def minibatch_backward(
     """Accumulate into .grad the gradient of the mini-batch `idx`'s loss, one micro-batch at a time.
     Every micro-batch is weighted with the mini-batch's global token and sequence counts, so the summed
     gradient (and loss) is the same for any micro_batch_size and any number of ranks. Returns the
-    mini-batch's loss terms and statistics (token-weighted like the loss). `policy` is a model or the
+    mini-batch's loss terms and its per-token statistics as token means. `policy` is a model or the
     run's train_module (DDP / FSDP2: gradients are summed over ranks on the last micro-batch)."""
     a = algo
     module = as_logprob_module(policy)
@@ -309,10 +310,6 @@ def minibatch_backward(
     g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
     g_seqs = all_reduce_sum(float(len(idx)), world)
     sums: dict[str, float] = {"ratio/max": 0.0}
-
-    def add(key: str, value: float) -> None:
-        sums[key] = sums.get(key, 0.0) + value
-
     mbs = list(micro_batches(batch, idx, micro_batch_size, group_prompts=share_prefix))
     for i, mb in enumerate(mbs):
         pulse()
@@ -328,49 +325,26 @@ def minibatch_backward(
                     share_prefix=share_prefix,
                 )  # [b, T]
             assert ent is not None
-            w = token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens)  # [b, T]
-            loss, stats = microbatch_loss(lp, ent, w, mb, a)
+            assert mb.old_logprobs is not None
+            inputs = LossInputs(
+                lp,
+                ent,
+                mb.old_logprobs,
+                mb.advantages,
+                mb.target_mask,
+                token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens),  # [b, T]
+                token_weights(mb.target_mask, "token_mean", g_tokens, g_seqs, max_new_tokens),  # [b, T]
+                mb.ref_logprobs,
+                mb.is_weights,
+            )
+            loss, stats = OBJECTIVES[a.objective](inputs, a)
             (loss * scale).backward()
         for key, value in stats.items():
             if key == "ratio/max":
                 sums[key] = max(sums[key], value)
             else:
-                add(key, value)
+                sums[key] = sums.get(key, 0.0) + value
     return all_reduce_stats(sums, world)
-
-
-def microbatch_loss(
-    lp: torch.Tensor, ent: torch.Tensor, w: torch.Tensor, mb: TrainBatch, a: AlgoConfig
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The micro-batch's share of the mini-batch loss (token weights `w` [b, T] carry the global
-    normaliser) and its statistics, weighted the same way."""
-    assert mb.old_logprobs is not None
-    stats: dict[str, float] = {}
-    adv = mb.advantages[:, None].expand_as(lp)  # [b, T]
-    pg, pstats = ppo_clip_loss(lp, mb.old_logprobs, adv, a.clip_low, a.clip_high, a.dual_clip)
-    if mb.is_weights is not None:
-        pg = pg * mb.is_weights
-    policy_loss = (pg * w).sum()
-    loss = policy_loss
-    if mb.ref_logprobs is not None:
-        kl_term = (kl_penalty(lp, mb.ref_logprobs, a.kl_estimator) * w).sum()
-        loss = loss + a.kl_coef * kl_term
-        stats["kl/ref"] = float(kl_term.detach())
-    ent_term = (ent * w).sum()
-    if a.entropy_coef > 0:
-        loss = loss - a.entropy_coef * ent_term
-    with torch.no_grad():
-        stats["loss/policy"] = float(policy_loss)
-        stats["loss/total"] = float(loss)
-        stats["entropy"] = float(ent_term)
-        stats["clipfrac/low"] = float((pstats["clipped_low"] * w).sum())
-        stats["clipfrac/high"] = float((pstats["clipped_high"] * w).sum())
-        log_r = (mb.old_logprobs - lp).clamp(-20, 20)
-        stats["kl/old"] = float(((torch.exp(log_r) - 1 - log_r) * w).sum())
-        stats["ratio/max"] = (
-            float(pstats["ratio"][mb.target_mask.bool()].max()) if mb.target_mask.any() else 0.0
-        )
-    return loss, stats
 
 
 def grad_norm_and_clip(model: torch.nn.Module, clip: float) -> float:

@@ -20,6 +20,7 @@ Departures from the papers, stated:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -66,6 +67,15 @@ def reinforce_pp(
     return (x - x.mean()) / (x.std(correction=0) + std_eps)
 
 
+# name -> (rewards [B], group_size, std_eps, group_baseline) -> advantages [B]; `algo.advantage` picks one
+ESTIMATORS: dict[str, Callable[[torch.Tensor, int, float, bool], torch.Tensor]] = {
+    "grpo": lambda r, g, eps, _baseline: grpo(r, g, eps),
+    "dr_grpo": lambda r, g, _eps, _baseline: dr_grpo(r, g),
+    "rloo": lambda r, g, _eps, _baseline: rloo(r, g),
+    "reinforce_pp": lambda r, g, eps, baseline: reinforce_pp(r, g, baseline, eps),
+}
+
+
 def compute_advantages(
     rewards: torch.Tensor,
     group_size: int,
@@ -74,17 +84,10 @@ def compute_advantages(
     group_baseline: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """rewards [B] (global batch, grouped) -> (advantages [B], metrics). The one place a variant is chosen."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; known: {', '.join(ESTIMATORS)}")
     rewards = rewards.double()
-    if estimator == "grpo":
-        adv = grpo(rewards, group_size, std_eps)
-    elif estimator == "dr_grpo":
-        adv = dr_grpo(rewards, group_size)
-    elif estimator == "rloo":
-        adv = rloo(rewards, group_size)
-    elif estimator == "reinforce_pp":
-        adv = reinforce_pp(rewards, group_size, group_baseline, std_eps)
-    else:
-        raise ValueError(f"unknown advantage estimator {estimator!r}")
+    adv = ESTIMATORS[estimator](rewards, group_size, std_eps, group_baseline)
     metrics = {
         "advantage/mean": float(adv.mean()),
         "advantage/abs_mean": float(adv.abs().mean()),
