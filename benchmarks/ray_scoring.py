@@ -36,8 +36,9 @@ import torch
 
 from keelrl.config import ModelConfig, TinyModelConfig
 from keelrl.models import load_policy
-from keelrl.ray_pool import CHUNKS_PER_WORKER, IN_FLIGHT_PER_WORKER, SamplerPool, ScorerPool, task_factory
 from keelrl.rollout import HFSampler, SamplingSettings
+from keelrl.rollout.ray import CHUNKS_PER_WORKER, IN_FLIGHT_PER_WORKER, SamplerPool, ScorerPool, task_factory
+from keelrl.rollout.weights import untied_state_dict
 from keelrl.tasks import get_task
 from keelrl.tasks.base import Score, score_safely
 
@@ -125,7 +126,7 @@ def sampling(batch: int, batches: int, max_new_tokens: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         pool = SamplerPool(model, workers)
         t1 = time.perf_counter()
-        pool.sync_weights(policy, 0)
+        pool.update_weights(untied_state_dict(policy).items(), 0)
         t2 = time.perf_counter()
         result = measured(pool.generate)
         pool.shutdown()

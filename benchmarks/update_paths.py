@@ -56,16 +56,16 @@ def as_rollouts(prompts: list[list[int]], gens: list[Any], settings: Any, group_
 
     return [
         Rollout(
-            i,
-            {},
-            i // group_size,
-            p,
-            g.completion_ids,
-            g.logprobs,
-            [1] * len(g.completion_ids),
-            g.finish_reason,
-            0,
-            settings,
+            problem_index=i,
+            problem={},
+            group=i // group_size,
+            prompt_ids=p,
+            completion_ids=g.completion_ids,
+            sample_logprobs=g.logprobs,
+            trainable=[1] * len(g.completion_ids),
+            finish_reason=g.finish_reason,
+            policy_version=0,
+            sampling=settings,
         )
         for i, (p, g) in enumerate(zip(prompts, gens))
     ]

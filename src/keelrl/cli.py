@@ -211,7 +211,7 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
     """One `keelrl eval` of `model_path` with the eval options in `args` -> EvalReport. `run_cfg` (the
     config of the run the model came from) supplies task parameters, template and token limit."""
     from keelrl.evaluate import evaluate
-    from keelrl.rollout import HFSampler, resolve_template
+    from keelrl.rollout import make_sampler, resolve_template
     from keelrl.tasks import get_task
 
     if not args.task:
@@ -228,7 +228,7 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
     total = args.problems * (int(greedy) + samples)
     with _Progress() as progress:
         return evaluate(
-            HFSampler(model, tokenizer),
+            make_sampler(None, model, tokenizer),
             tokenizer,
             task,
             template,

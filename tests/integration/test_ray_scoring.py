@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from keelrl.config import load_config
-from keelrl.ray_pool import RayPoolError, ScorerPool, task_factory
+from keelrl.rollout.ray import RayPoolError, ScorerPool, task_factory
 from keelrl.tasks import Task, get_task
 from keelrl.tasks.base import Score, score_safely
 from keelrl.trainer import train
