@@ -14,7 +14,7 @@ decode_attention`), docs/matmul_rows.json the fifth (`--parts matmul_rows`).
 - `adamw`: one optimizer step over the tiny model's parameter shapes (5.2M fp32), foreach against fused.
 - `decode_attention`: one layer's attention in one decode step of the sampler (256 rows = 32 prompts x 8,
   4 heads, 14 prompt + 16 completion positions, head dim 64) under bf16 autocast:
-  - keys cached in fp32 (what the rotary embedding leaves) against bf16 (`rollout.CastingStaticCache`);
+  - keys cached in fp32 (what the rotary embedding leaves) against bf16 (`rollout.hf.CastingStaticCache`);
   - compiled with the query's rotary embedding computed inside from the positions, against cos/sin passed
     in as tensors (`models.compile_decoder` keeps the rotary embedding eager when sampling);
   - cascade attention (each prompt's keys/values read once per group, then the rows' own completion

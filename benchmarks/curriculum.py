@@ -50,7 +50,8 @@ from keelrl.config import ModelConfig, TinyModelConfig, config_from_dict
 from keelrl.demo import corpus_text, pretrain
 from keelrl.evaluate import run_eval, summarize
 from keelrl.models import build_char_tokenizer, build_tiny_model, load_policy, save_hf_dir
-from keelrl.rollout import HFSampler, SamplingSettings
+from keelrl.rollout import SamplingSettings
+from keelrl.rollout.hf import HFSampler
 from keelrl.tasks import Prompt, Score, Task, get_task
 from keelrl.tasks.countdown import Countdown
 from keelrl.trainer import train

@@ -36,8 +36,10 @@ import torch
 
 from keelrl.config import ModelConfig, TinyModelConfig
 from keelrl.models import load_policy
-from keelrl.ray_pool import CHUNKS_PER_WORKER, IN_FLIGHT_PER_WORKER, SamplerPool, ScorerPool, task_factory
-from keelrl.rollout import HFSampler, SamplingSettings
+from keelrl.rollout import SamplingSettings
+from keelrl.rollout.hf import HFSampler
+from keelrl.rollout.ray import CHUNKS_PER_WORKER, IN_FLIGHT_PER_WORKER, SamplerPool, ScorerPool, task_factory
+from keelrl.rollout.weights import untied_state_dict
 from keelrl.tasks import get_task
 from keelrl.tasks.base import Score, score_safely
 
@@ -125,7 +127,7 @@ def sampling(batch: int, batches: int, max_new_tokens: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         pool = SamplerPool(model, workers)
         t1 = time.perf_counter()
-        pool.sync_weights(policy, 0)
+        pool.update_weights(untied_state_dict(policy).items(), 0)
         t2 = time.perf_counter()
         result = measured(pool.generate)
         pool.shutdown()
@@ -172,7 +174,7 @@ def main() -> None:
         t0 = time.perf_counter()
         pool = ScorerPool(lambda: HeavyCountdown(iterations), workers)
         startup[f"{workers}_workers"] = round(time.perf_counter() - t0, 2)
-        assert pool.score(problems, completions).scores == expected
+        assert pool.score(problems, completions)[0] == expected
         secs = sum(timed_batches(pool.score, problems, completions, a.heavy_batches))
         pool.shutdown()
         heavy[f"ray_{workers}_worker{'s' if workers > 1 else ''}"] = {
@@ -196,7 +198,7 @@ def main() -> None:
     }
     for workers in (1, 2):
         pool = ScorerPool(task_factory(countdown), workers)
-        assert pool.score(problems, completions).scores == expected
+        assert pool.score(problems, completions)[0] == expected
         ray_s = statistics.median(timed_batches(pool.score, problems, completions, a.cheap_batches))
         pool.shutdown()
         cheap[f"ray_{workers}_worker{'s' if workers > 1 else ''}"] = {

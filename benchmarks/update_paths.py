@@ -56,16 +56,16 @@ def as_rollouts(prompts: list[list[int]], gens: list[Any], settings: Any, group_
 
     return [
         Rollout(
-            i,
-            {},
-            i // group_size,
-            p,
-            g.completion_ids,
-            g.logprobs,
-            [1] * len(g.completion_ids),
-            g.finish_reason,
-            0,
-            settings,
+            problem_index=i,
+            problem={},
+            group=i // group_size,
+            prompt_ids=p,
+            completion_ids=g.completion_ids,
+            sample_logprobs=g.logprobs,
+            trainable=[1] * len(g.completion_ids),
+            finish_reason=g.finish_reason,
+            policy_version=0,
+            sampling=settings,
         )
         for i, (p, g) in enumerate(zip(prompts, gens))
     ]
@@ -74,7 +74,8 @@ def as_rollouts(prompts: list[list[int]], gens: list[Any], settings: Any, group_
 def measure(shape_name: str, cache_dir: Path, repeats: int, fast: bool) -> dict[str, Any]:
     from keelrl.algo.logprobs import completion_logprobs
     from keelrl.models import load_local_dir
-    from keelrl.rollout import HFSampler, SamplingSettings
+    from keelrl.rollout import SamplingSettings
+    from keelrl.rollout.hf import HFSampler
     from keelrl.update import collate
 
     shape = SHAPES[shape_name]
@@ -179,7 +180,7 @@ def measure_fast(
     decoder. `ref` is the fp32 padded forward's log-probs of batch `b`."""
     from keelrl.algo.logprobs import completion_logprobs
     from keelrl.models import compile_decoder, load_local_dir
-    from keelrl.rollout import HFSampler
+    from keelrl.rollout.hf import HFSampler
     from keelrl.update import collate
 
     model, tok = load_local_dir(model_dir, "float32", False, attn_implementation="eager")

@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from keelrl.distributed import is_sharded, load_sharded
+from keelrl.rollout.weights import WeightsMismatch, load_untied, untied_state_dict
 from keelrl.state import TrainState, capture_rng, restore_rng
 
 MANIFEST = "manifest.json"
@@ -80,22 +81,6 @@ def _cpu_copy(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(_cpu_copy(v) for v in obj)
     return obj
-
-
-def untied_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors with tied duplicates removed (safetensors refuses shared storage); the copy kept is
-    the input embedding, as transformers expects when it re-ties on load."""
-    sd = model.state_dict()
-    seen: dict[int, str] = {}
-    out: dict[str, torch.Tensor] = {}
-    for name in sorted(sd, key=lambda n: (n.startswith("lm_head"), n)):
-        t = sd[name]
-        ptr = t.data_ptr()
-        if ptr in seen and t.numel() > 0:
-            continue
-        seen[ptr] = name
-        out[name] = t
-    return out
 
 
 def weights_sha256(model: torch.nn.Module) -> str:
@@ -307,21 +292,6 @@ def find_resumable(
             return path, skipped
         skipped.append((path, problem))
     return None, skipped
-
-
-class WeightsMismatch(ValueError):
-    """A state dict does not fit the model it is loaded into; the message lists the names."""
-
-
-def load_untied(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Copy `weights` (a state dict without tied duplicates, as `untied_state_dict` makes) into `model` and
-    re-tie. Every tensor but the tied copies must be there, and nothing else: WeightsMismatch otherwise."""
-    tied = set(model.state_dict()) - set(untied_state_dict(model))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected or set(missing) - tied:
-        raise WeightsMismatch(f"missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
 
 
 def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:

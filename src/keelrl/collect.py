@@ -14,9 +14,9 @@ import torch
 
 from keelrl.curriculum import GroupOutcome, fill_batch, has_signal, refill_budget_prompts, task_metrics
 from keelrl.distributed import all_gather_list, all_reduce_sum
-from keelrl.episodes import Episode, generate, score
 from keelrl.monitor.traces import is_repetitive
 from keelrl.rollout import Rollout
+from keelrl.rollout.episodes import Episode, generate, score
 from keelrl.run import Run
 from keelrl.state import TrainState
 from keelrl.tasks.base import score_safely, stable_hash

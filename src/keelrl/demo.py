@@ -350,12 +350,12 @@ def _evaluate(
     from keelrl.evaluate import evaluate
     from keelrl.models import load_policy
     from keelrl.monitor.sinks import ProgressBar
-    from keelrl.rollout import HFSampler
+    from keelrl.rollout import make_sampler
 
     policy, tokenizer = load_policy(ModelConfig(path=model_path))
     with ProgressBar(console, "eval", EVAL_PROBLEMS) as advance:
         report = evaluate(
-            HFSampler(policy, tokenizer),
+            make_sampler(None, policy, tokenizer),
             tokenizer,
             task,
             template,

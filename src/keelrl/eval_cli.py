@@ -92,7 +92,7 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
     config of the run the model came from) supplies task parameters, template and token limit."""
     from keelrl.evaluate import evaluate
     from keelrl.monitor.sinks import ProgressBar, make_console
-    from keelrl.rollout import HFSampler, resolve_template
+    from keelrl.rollout import make_sampler, resolve_template
     from keelrl.tasks import get_task
 
     if not args.task:
@@ -111,7 +111,7 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
         make_console(stderr=True), f"eval {model_path}", total, "completions", transient=True
     ) as advance:
         return evaluate(
-            HFSampler(model, tokenizer),
+            make_sampler(None, model, tokenizer),
             tokenizer,
             task,
             template,

@@ -24,12 +24,13 @@ from keelrl import checkpoint as ckpt
 from keelrl.config import Config
 from keelrl.curriculum import ProblemSource
 from keelrl.distributed import World, broadcast_object, full_state_dict, is_sharded
-from keelrl.episodes import Prompter
 from keelrl.faults import FaultInjector
 from keelrl.guards import Guardian
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, Sink
 from keelrl.rollout import Sampler, SamplingSettings
+from keelrl.rollout.episodes import Prompter
+from keelrl.rollout.weights import untied_state_dict
 from keelrl.state import TrainState
 from keelrl.supervisor import Heartbeat
 from keelrl.tasks import Task
@@ -110,4 +111,4 @@ class Run:
         gathered (every rank takes part) into the whole-weights copy first."""
         if is_sharded(state.policy):
             self.sampler_model.load_state_dict(full_state_dict(state.policy))
-        self.sampler.sync_weights(self.sampler_model, state.policy_version)  # TEMP until rollout/ lands
+        self.sampler.update_weights(untied_state_dict(self.sampler_model).items(), state.policy_version)

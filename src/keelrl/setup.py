@@ -21,17 +21,17 @@ from keelrl import checkpoint as ckpt
 from keelrl.config import Config, check_batch_arithmetic, config_to_dict
 from keelrl.curriculum import make_source
 from keelrl.distributed import init_world, wrap_for_training
-from keelrl.episodes import Prompter
 from keelrl.faults import FaultInjector
 from keelrl.guards import Guardian
 from keelrl.models import compile_decoder, load_policy
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
-from keelrl.ray_pool import SamplerPool, ScorerPool, import_ray, task_factory
-from keelrl.rollout import HFSampler, SamplingSettings, resolve_template
+from keelrl.rollout import SamplingSettings, make_sampler, resolve_template
+from keelrl.rollout.episodes import Prompter
+from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus, task_factory
 from keelrl.run import Live, ResumeError, Run
 from keelrl.state import TrainState
-from keelrl.supervisor import ENV_SUPERVISED, Heartbeat
+from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, pulse
 from keelrl.tasks import get_task
 
 ResumeMode = Literal["auto", "never"]
@@ -134,80 +134,65 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     restore_or_start(run_dir, state, resume, config_dict)
     source.load_state_dict(state.curriculum)
     live = Live(Guardian(cfg.guards, state.guards), run_dir.metrics())  # every rank: guards decide alike
-    r, c = cfg.rollout, cfg.checkpoint
-    run = Run(
-        cfg=cfg,
-        world=world,
-        run_dir=run_dir,
-        tokenizer=tokenizer,
-        task=task,
-        prompter=Prompter(task, tokenizer, template),
-        source=source,
-        sampler=HFSampler(
-            sampler_model,
-            tokenizer,
-            chunk_size=r.chunk_size,
-            share_prefix=cfg.train.share_prefix,
-            autocast=cfg.train.autocast,
-        ),
-        settings=SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
-        eval_settings=SamplingSettings(
-            cfg.eval.max_new_tokens or r.max_new_tokens, cfg.eval.temperature, 1.0, 0
-        ),
-        live=live,
-        train_module=train_module,
-        sampler_model=sampler_model,
-        update_share_prefix=cfg.train.share_prefix and not sharded,
-        heartbeat=Heartbeat(run_dir.path, enabled=world.is_writer),
-        supervised=os.environ.get(ENV_SUPERVISED) == "1",
-        faults=FaultInjector(cfg.faults, run_dir if world.is_writer else None, cfg.train.seed),
-        ckpt_policy=ckpt.CheckpointPolicy(
-            c.every_steps, c.every_minutes, c.auto, c.assumed_mtbf_hours * 3600
-        ),
-        saver=ckpt.AsyncCheckpointer(lambda *result: live.save_results.put(result)) if c.async_save else None,
-    )
-    run.sync_sampler(state)
-    run.ckpt_policy.observe_failures(*observed_failures(run_dir))
-    if world.is_writer:
-        run_dir.write_config(config_dict)
-        open_sinks(run, state, config_dict)
-    start_pools(run, state)
+    r, c, d = cfg.rollout, cfg.checkpoint, cfg.distributed
+    engines: list[Any] = []  # Ray pools started so far: they must not outlive a failed setup
+    try:
+        if d.scorer == "ray":
+            engines.append(
+                ScorerPool(
+                    task_factory(task),
+                    d.ray_workers,
+                    d.ray_max_retries,
+                    d.ray_address,
+                    ray_cpus=ray_cpus(d),
+                    on_progress=pulse,
+                )
+            )
+        engines.append(make_sampler(cfg, sampler_model, tokenizer, on_progress=pulse))
+        run = Run(
+            cfg=cfg,
+            world=world,
+            run_dir=run_dir,
+            tokenizer=tokenizer,
+            task=task,
+            prompter=Prompter(task, tokenizer, template),
+            source=source,
+            sampler=engines[-1],
+            scorer=engines[0] if d.scorer == "ray" else None,
+            settings=SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
+            eval_settings=SamplingSettings(
+                cfg.eval.max_new_tokens or r.max_new_tokens, cfg.eval.temperature, 1.0, 0
+            ),
+            live=live,
+            train_module=train_module,
+            sampler_model=sampler_model,
+            update_share_prefix=cfg.train.share_prefix and not sharded,
+            heartbeat=Heartbeat(run_dir.path, enabled=world.is_writer),
+            supervised=os.environ.get(ENV_SUPERVISED) == "1",
+            faults=FaultInjector(cfg.faults, run_dir if world.is_writer else None, cfg.train.seed),
+            ckpt_policy=ckpt.CheckpointPolicy(
+                c.every_steps, c.every_minutes, c.auto, c.assumed_mtbf_hours * 3600
+            ),
+            saver=ckpt.AsyncCheckpointer(lambda *result: live.save_results.put(result))
+            if c.async_save
+            else None,
+        )
+        run.sync_sampler(state)
+        run.ckpt_policy.observe_failures(*observed_failures(run_dir))
+        if world.is_writer:
+            run_dir.write_config(config_dict)
+            open_sinks(run, state, config_dict)
+    except BaseException:
+        shutdown_engines(engines)
+        raise
     return run, state
 
 
-def start_pools(run: Run, state: TrainState) -> None:
-    """The Ray actor pools the config asks for (distributed.scorer / sampler = "ray"), on one Ray sized for
-    both; the sampling pool replaces the in-process sampler and gets the current weights."""
-    cfg, d = run.cfg, run.cfg.distributed
-    cpus = d.ray_workers * (d.scorer == "ray") + d.ray_sampler_workers * (d.sampler == "ray")
-    try:
-        if d.scorer == "ray":
-            run.scorer = ScorerPool(
-                task_factory(run.task), d.ray_workers, d.ray_max_retries, d.ray_address, ray_cpus=cpus
-            )
-        if d.sampler == "ray":
-            run.sampler = SamplerPool(
-                cfg.model,
-                d.ray_sampler_workers,
-                chunk_size=cfg.rollout.chunk_size,
-                share_prefix=cfg.train.share_prefix,
-                autocast=cfg.train.autocast,
-                compile=cfg.train.compile,
-                max_retries=d.ray_max_retries,
-                address=d.ray_address,
-                ray_cpus=cpus,
-            )
-            run.sync_sampler(state)
-    except BaseException:  # a pool that did start must not outlive the failed setup
-        shutdown_pools(run)
-        raise
-
-
-def shutdown_pools(run: Run) -> None:
-    if run.scorer is not None:
-        run.scorer.shutdown()
-    if isinstance(run.sampler, SamplerPool):
-        run.sampler.shutdown()
+def shutdown_engines(engines: list[Any]) -> None:
+    """Stop the Ray pools among `engines` (the in-process sampler has nothing to stop)."""
+    for engine in engines:
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
 
 
 def restore_or_start(

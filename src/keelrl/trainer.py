@@ -39,7 +39,7 @@ from keelrl.recovery import (
     update_best,
 )
 from keelrl.run import GuardStop, ResumeError, Run
-from keelrl.setup import ResumeMode, setup, shutdown_pools
+from keelrl.setup import ResumeMode, setup, shutdown_engines
 from keelrl.state import TrainState
 from keelrl.supervisor import install_heartbeat
 from keelrl.update import advantage_phase, prepare_batch, update_phase
@@ -109,7 +109,7 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             signal.signal(signal.SIGTERM, previous_handler)
         for sink in run.sinks:
             sink.close()
-        shutdown_pools(run)
+        shutdown_engines([run.scorer, run.sampler])
         run.train_module = None  # DDP holds the process group: release it before leaving the group
         close_world()
     return summary

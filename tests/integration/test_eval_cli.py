@@ -175,7 +175,7 @@ class ScriptedSampler:
         self.tok = tokenizer
         self.policy_version = 0
 
-    def sync_weights(self, policy: Any, version: int) -> None:
+    def update_weights(self, weights: Any, version: int) -> None:
         self.policy_version = version
 
     def generate(

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from keelrl.config import ModelConfig
 from keelrl.models import ModelLoadError, load_policy, save_hf_dir
-from keelrl.rollout import HFSampler, SamplingSettings
+from keelrl.rollout import SamplingSettings
+from keelrl.rollout.hf import HFSampler
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,10 @@ import torch
 
 from keelrl.config import ModelConfig, TinyModelConfig, load_config
 from keelrl.models import load_policy
-from keelrl.ray_pool import SamplerPool, SamplingWorker, group_chunks
-from keelrl.rollout import Generation, HFSampler, SamplingSettings, generation_chunks
+from keelrl.rollout import Generation, SamplingSettings
+from keelrl.rollout.hf import HFSampler, generation_chunks
+from keelrl.rollout.ray import SamplerPool, SamplingWorker, group_chunks
+from keelrl.rollout.weights import untied_state_dict
 from keelrl.trainer import train
 
 ray = pytest.importorskip("ray")
@@ -158,22 +160,22 @@ def test_pool_generates_like_the_training_process_and_follows_the_weights(pool: 
     local = HFSampler(policy, tok, chunk_size=8)
     prompts, seeds = prompts_and_seeds(0)
     pool.chunk_size = 8  # the in-process sampler's batches: results are bit-identical
-    pool.sync_weights(policy, 0)
+    pool.update_weights(untied_state_dict(policy).items(), 0)
     expected = local.generate(prompts, SETTINGS, seeds)
     assert pool.generate(prompts, SETTINGS, seeds) == expected  # token for token, log-prob for log-prob
     assert pool.policy_version == 0
     assert len({tuple(g.completion_ids) for g in expected}) > len(expected) // 2  # the samples differ
 
     perturbed(policy, 1)  # version 1: new weights reach every actor
-    pool.sync_weights(policy, 1)
+    pool.update_weights(untied_state_dict(policy).items(), 1)
     expected_v1 = local.generate(prompts, SETTINGS, seeds)
     assert expected_v1 != expected
     assert pool.generate(prompts, SETTINGS, seeds) == expected_v1 and pool.policy_version == 1
 
     perturbed(policy, 2)  # the same version is not sent again: a version names one set of weights
-    pool.sync_weights(policy, 1)
+    pool.update_weights(untied_state_dict(policy).items(), 1)
     assert pool.generate(prompts, SETTINGS, seeds) == expected_v1
-    pool.sync_weights(policy, 2)
+    pool.update_weights(untied_state_dict(policy).items(), 2)
     assert pool.generate(prompts, SETTINGS, seeds) == local.generate(prompts, SETTINGS, seeds)
     assert pool.policy_version == 2
 
@@ -202,7 +204,7 @@ def test_killed_actor_loses_and_repeats_nothing(pool: SamplerPool, deaths: Path)
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
     pool.chunk_size = 0
-    pool.sync_weights(policy, 7)
+    pool.update_weights(untied_state_dict(policy).items(), 7)
     replaced = pool.replaced_total
     got = pool.generate(prompts, SETTINGS, seeds)
     assert len(deaths.read_text().splitlines()) == 1  # an actor really died

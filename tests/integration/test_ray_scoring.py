@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from keelrl.config import load_config
-from keelrl.ray_pool import RayPoolError, ScorerPool, task_factory
+from keelrl.rollout.ray import RayPoolError, ScorerPool, task_factory
 from keelrl.tasks import Task, get_task
 from keelrl.tasks.base import Score, score_safely
 from keelrl.trainer import train
@@ -75,12 +75,13 @@ def test_pool_scores_like_the_training_process(local_ray, cases) -> None:
     assert {"correct", "wrong_value", "score_error"} <= reasons and len(reasons) >= 4  # every kind is there
     pool = ScorerPool(task_factory(task), workers=2, chunk_size=16)
     try:
-        got = pool.score(problems, completions)
+        scores, errors = pool.score(problems, completions)
+        replaced = pool.take_replaced()
     finally:
         pool.shutdown()
-    assert got.scores == expected  # rewards, correct flags and info, in input order
-    assert got.errors == expected_errors and got.errors
-    assert got.replaced == 0
+    assert scores == expected  # rewards, correct flags and info, in input order
+    assert errors == expected_errors and errors
+    assert replaced == 0
 
 
 class DyingTask:
@@ -111,15 +112,16 @@ def test_killed_actor_loses_and_repeats_nothing(local_ray, tmp_path: Path) -> No
     expected, _ = score_safely(DyingTask(str(deaths), times=0), problems, completions)
     pool = ScorerPool(functools.partial(DyingTask, str(deaths), 1), workers=2, max_retries=2, chunk_size=10)
     try:
-        got = pool.score(problems, completions)
+        scores, _ = pool.score(problems, completions)
         assert len(deaths.read_text().splitlines()) == 1  # an actor really died
-        assert got.replaced >= 1 and pool.replaced_total == got.replaced
-        scored = [i for i, s in enumerate(got.scores) if s.info.get("index") == i]
-        failed = [i for i, s in enumerate(got.scores) if s.info["reason"] == "score_error"]
-        assert len(got.scores) == 300 and sorted(scored + failed) == list(range(300))  # each sample once
-        assert got.scores == expected
-        again = pool.score(problems, completions)  # the replacement serves the next call
-        assert again.scores == expected and again.replaced == 0
+        replaced = pool.take_replaced()
+        assert replaced >= 1 and pool.replaced_total == replaced
+        scored = [i for i, s in enumerate(scores) if s.info.get("index") == i]
+        failed = [i for i, s in enumerate(scores) if s.info["reason"] == "score_error"]
+        assert len(scores) == 300 and sorted(scored + failed) == list(range(300))  # each sample once
+        assert scores == expected
+        again, _ = pool.score(problems, completions)  # the replacement serves the next call
+        assert again == expected and pool.take_replaced() == 0
     finally:
         pool.shutdown()
 

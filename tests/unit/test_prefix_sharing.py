@@ -9,12 +9,12 @@ import copy
 import pytest
 import torch
 
-from keelrl import rollout
 from keelrl.algo.logprobs import completion_logprobs, padded_row_count, plan_prefix_sharing, scored_logits
 from keelrl.config import AlgoConfig, TinyModelConfig
 from keelrl.distributed import World
 from keelrl.models import build_tiny_model, compile_decoder
-from keelrl.rollout import HFSampler, Rollout, SamplingSettings
+from keelrl.rollout import Rollout, SamplingSettings, hf
+from keelrl.rollout.hf import HFSampler
 from keelrl.update import collate, forward_logprobs, micro_batches, minibatch_backward
 
 SETTINGS = SamplingSettings(max_new_tokens=16, temperature=1.0)
@@ -34,16 +34,16 @@ def _rollouts(model, tokenizer, seed: int = 0) -> list[Rollout]:
     )
     return [
         Rollout(
-            i,
-            {},
-            i // G,
-            p,
-            g.completion_ids,
-            g.logprobs,
-            [1] * len(g.completion_ids),
-            g.finish_reason,
-            0,
-            SETTINGS,
+            problem_index=i,
+            problem={},
+            group=i // G,
+            prompt_ids=p,
+            completion_ids=g.completion_ids,
+            sample_logprobs=g.logprobs,
+            trainable=[1] * len(g.completion_ids),
+            finish_reason=g.finish_reason,
+            policy_version=0,
+            sampling=SETTINGS,
             advantage=float(i % 3) - 1.0,
         )
         for i, (p, g) in enumerate(zip(prompts, gens))
@@ -195,7 +195,7 @@ def test_bf16_autocast_is_close_to_fp32(tiny_model, char_tokenizer) -> None:
 def test_bf16_sampler_caches_bf16_and_samples_the_same(eos_model, char_tokenizer, monkeypatch) -> None:
     """Under bf16 autocast the sampler stores keys and values in bf16; the attention casts them to bf16
     anyway, so tokens and log-probs are exactly those of an fp32 cache (rows also finish early here)."""
-    made, real = [], rollout._new_cache
+    made, real = [], hf._new_cache
     prompts, seeds = _prompts(char_tokenizer), list(range(16))
     runs = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
@@ -205,7 +205,7 @@ def test_bf16_sampler_caches_bf16_and_samples_the_same(eos_model, char_tokenizer
             made.append(real(model, max_len, dtype))
             return made[-1]
 
-        monkeypatch.setattr(rollout, "_new_cache", new_cache)
+        monkeypatch.setattr(hf, "_new_cache", new_cache)
         runs[name] = HFSampler(eos_model, char_tokenizer, autocast="bf16").generate(prompts, SETTINGS, seeds)
     dtypes = [{(layer.keys.dtype, layer.values.dtype) for layer in cache.layers} for cache in made]
     assert dtypes == [{(torch.bfloat16, torch.bfloat16)}, {(torch.float32, torch.float32)}]

@@ -11,7 +11,8 @@ import torch
 from keelrl.algo.losses import LossAgg
 from keelrl.config import AlgoConfig
 from keelrl.distributed import World
-from keelrl.rollout import HFSampler, Rollout, SamplingSettings
+from keelrl.rollout import Rollout, SamplingSettings
+from keelrl.rollout.hf import HFSampler
 from keelrl.update import collate, forward_logprobs, minibatch_backward
 
 SETTINGS = SamplingSettings(max_new_tokens=12, temperature=1.0)
@@ -27,16 +28,16 @@ def _rollouts(model, tokenizer, n: int = 8, seed: int = 0) -> list[Rollout]:
     for i, (p, g) in enumerate(zip(prompts, gens)):
         out.append(
             Rollout(
-                i,
-                {},
-                i // 2,
-                p,
-                g.completion_ids,
-                g.logprobs,
-                [1] * len(g.completion_ids),
-                g.finish_reason,
-                0,
-                SETTINGS,
+                problem_index=i,
+                problem={},
+                group=i // 2,
+                prompt_ids=p,
+                completion_ids=g.completion_ids,
+                sample_logprobs=g.logprobs,
+                trainable=[1] * len(g.completion_ids),
+                finish_reason=g.finish_reason,
+                policy_version=0,
+                sampling=SETTINGS,
                 advantage=float(i % 3) - 1.0,
             )
         )
@@ -46,8 +47,18 @@ def _rollouts(model, tokenizer, n: int = 8, seed: int = 0) -> list[Rollout]:
 def test_mask_comes_from_lengths_and_keeps_eos(char_tokenizer) -> None:
     eos = char_tokenizer.eos_token_id
     assert char_tokenizer.pad_token_id == eos  # the hard case: pad == EOS
-    r = Rollout(0, {}, 0, [5, 6, 7], [8, 9, eos], [-1.0, -2.0, -3.0], [1, 1, 1], "eos", 0, SETTINGS)
-    short = Rollout(1, {}, 0, [5], [eos], [-0.5], [1], "eos", 0, SETTINGS)
+    common = dict(problem={}, group=0, finish_reason="eos", policy_version=0, sampling=SETTINGS)
+    r = Rollout(
+        problem_index=0,
+        prompt_ids=[5, 6, 7],
+        completion_ids=[8, 9, eos],
+        sample_logprobs=[-1.0, -2.0, -3.0],
+        trainable=[1, 1, 1],
+        **common,
+    )
+    short = Rollout(
+        problem_index=1, prompt_ids=[5], completion_ids=[eos], sample_logprobs=[-0.5], trainable=[1], **common
+    )
     b = collate([r, short], pad_id=eos, device=torch.device("cpu"))
     # row 0: positions 2, 3, 4 predict tokens 8, 9, EOS
     assert b.target_mask[0].tolist() == [0, 0, 1, 1, 1, 0]

@@ -10,8 +10,8 @@ two chunks and returns the results in chunk order.
   `pool.score(problems, completions)` splits the pairs into chunks of consecutive samples.
 - `SamplerPool` (a `Sampler`, a drop-in for `HFSampler`): each actor builds the policy from the run's
   `ModelConfig` and an `HFSampler` over it with the run's share_prefix / autocast / compile settings, on CPU
-  with `threads` torch threads. `sync_weights` puts the policy's CPU weights (tied copies left out) into the
-  object store once per new version and every actor loads them (and re-ties). `generate` cuts the rows into
+  with `threads` torch threads. `update_weights` puts the policy's named tensors (on CPU) into the object
+  store once per new version and every actor loads them (and re-ties). `generate` cuts the rows into
   the batches the in-process sampler would generate (`generation_chunks`: sorted by prompt, so a group's
   identical prompts stay together and share their prefill; cut every `rollout.chunk_size` rows) and sends
   each batch, with its rows' seeds, to an actor, which generates it as one batch. With
@@ -43,21 +43,17 @@ import math
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from keelrl.config import ConfigError, ModelConfig
-from keelrl.supervisor import pulse
+from keelrl.config import ConfigError, DistributedConfig, ModelConfig
 from keelrl.tasks import Task, get_task
 from keelrl.tasks.base import Score, score_safely
 
 if TYPE_CHECKING:  # torch and transformers load in sampling processes only (scoring actors start faster)
-    import torch
-    from transformers import PreTrainedModel
-
     from keelrl.algo.logprobs import Autocast
-    from keelrl.rollout import Generation, SamplingSettings
+    from keelrl.rollout.types import Generation, SamplingSettings
+    from keelrl.rollout.weights import NamedTensors
 
 CHUNKS_PER_WORKER = 4  # scoring chunks per call and actor: balances load, cheap to redo
 START_TIMEOUT_S = 300.0  # for the actors to come up (a cluster may first have to add nodes)
@@ -118,6 +114,11 @@ def stop_ray() -> None:
         import_ray().shutdown()
 
 
+def ray_cpus(d: DistributedConfig) -> int:
+    """CPUs of the local Ray the run's pools share (the first pool to start sizes it for both)."""
+    return d.ray_workers * (d.scorer == "ray") + d.ray_sampler_workers * (d.sampler == "ray")
+
+
 def lost_actor_errors(ray: Any) -> tuple[type[BaseException], ...]:
     """The errors a call gets when its actor died (and only then)."""
     return (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
@@ -127,7 +128,8 @@ class ActorPool:
     """`size` Ray actors of `actor_cls(*args)`, each reserving `actor_cpus` CPUs, and the dispatch loop that
     runs chunks of work on them (see the module docstring). The class needs a `pid()` method (a start-up
     check). `prepare(actor)`, if given, is called on every replacement actor before it gets work, to bring it
-    to the state the others are in (it submits calls; Ray runs them before the chunks submitted after)."""
+    to the state the others are in (it submits calls; Ray runs them before the chunks submitted after).
+    `on_progress`, if given, is called whenever a chunk finishes (the trainer's heartbeat sees the call move)."""
 
     def __init__(
         self,
@@ -143,12 +145,14 @@ class ActorPool:
         ray_cpus: int = 0,
         actor_cpus: int = 1,
         prepare: Callable[[Any], None] | None = None,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         """`role` ("scoring", "sampling") and `size_setting` (the config key of `size`) name the pool in
         errors, `start_hint` says what to check when the actors cannot start; `ray_cpus` are the CPUs of a
         local Ray this pool starts (0: enough for its own actors)."""
         ray = import_ray()
         self.role, self.max_retries, self.prepare = role, max_retries, prepare
+        self.on_progress = on_progress if on_progress is not None else lambda: None
         self.replaced_total = 0
         self.owns_ray = start_ray(address, ray_cpus or size * actor_cpus)
         self._actor = ray.remote(num_cpus=actor_cpus, max_restarts=0)(actor_cls)
@@ -204,7 +208,7 @@ class ActorPool:
                     chunk = pending.popleft()
                     in_flight[getattr(actor, method).remote(*chunks[chunk])] = (chunk, slot, actor)
             done, _ = ray.wait(list(in_flight), num_returns=1)
-            pulse()  # the worker's heartbeat (the hang watchdog) sees the call progress
+            self.on_progress()
             for ref in done:
                 chunk, slot, actor = in_flight.pop(ref)
                 try:
@@ -275,13 +279,6 @@ def task_factory(task: Task) -> Callable[[], Task]:
     return functools.partial(get_task, task.name, seed=seed, **dict(params))
 
 
-@dataclass
-class ScoredBatch:
-    scores: list[Score]  # in input order
-    errors: list[str]  # checker errors (each such sample scored 0 with reason score_error), in input order
-    replaced: int  # actors that died during this call and were replaced
-
-
 class ScoringWorker:
     """One Ray actor: builds the task once, then scores chunks with the trainer's code path."""
 
@@ -306,10 +303,13 @@ class ScorerPool:
         address: str = "",
         chunk_size: int = 0,
         ray_cpus: int = 0,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         """`make_task` runs inside each actor (see `task_factory`); `address` empty starts a local Ray with
-        `ray_cpus` CPUs (0: `workers`) unless this process already runs one; `chunk_size` 0 picks one per call."""
+        `ray_cpus` CPUs (0: `workers`) unless this process already runs one; `chunk_size` 0 picks one per call;
+        `on_progress` is `ActorPool`'s."""
         self.chunk_size = chunk_size
+        self.unreported = 0  # replacements not yet counted by `take_replaced`
         self.actors = ActorPool(
             ScoringWorker,
             (make_task,),
@@ -321,6 +321,7 @@ class ScorerPool:
             max_retries=max_retries,
             address=address,
             ray_cpus=ray_cpus,
+            on_progress=on_progress,
         )
 
     @property
@@ -328,9 +329,15 @@ class ScorerPool:
         """Actors replaced since the pool started."""
         return self.actors.replaced_total
 
-    def score(self, problems: list[dict[str, Any]], completions: list[str]) -> ScoredBatch:
-        """Score `completions[i]` against `problems[i]` on the actors; identical to `score_safely` in this
-        process. Replaces actors that die and re-queues their chunks (see the module docstring)."""
+    def take_replaced(self) -> int:
+        """Actors replaced since the last call (the trainer reports them once per step)."""
+        n, self.unreported = self.unreported, 0
+        return n
+
+    def score(self, problems: list[dict[str, Any]], completions: list[str]) -> tuple[list[Score], list[str]]:
+        """(scores, checker errors) of `completions[i]` against `problems[i]` on the actors, identical to
+        `score_safely` in this process. Replaces actors that die and re-queues their chunks (see the module
+        docstring)."""
         n = len(problems)
         size = self.chunk_size or max(1, math.ceil(n / (self.actors.size * CHUNKS_PER_WORKER)))
         spans = [(start, min(start + size, n)) for start in range(0, n, size)]
@@ -345,7 +352,8 @@ class ScorerPool:
             scores.extend(chunk_scores)
             errors.extend(chunk_errors)
         assert len(scores) == n
-        return ScoredBatch(scores, errors, replaced)
+        self.unreported += replaced
+        return scores, errors
 
     def shutdown(self) -> None:
         """Stop the actors, and Ray itself when this pool started it (and no other pool uses it)."""
@@ -378,7 +386,7 @@ class SamplingWorker:
         import torch
 
         from keelrl.models import compile_decoder, load_policy
-        from keelrl.rollout import HFSampler
+        from keelrl.rollout.hf import HFSampler
 
         torch.set_num_threads(threads)
         policy, tokenizer = load_policy(model)
@@ -391,18 +399,17 @@ class SamplingWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        from keelrl.checkpoint import WeightsMismatch, load_untied
+    def load_weights(self, weights: NamedTensors, version: int) -> None:
+        from keelrl.rollout.weights import WeightsMismatch
 
         self.version = None
         try:
-            load_untied(self.sampler.model, weights)
+            self.sampler.update_weights(weights, version)
         except WeightsMismatch as err:
             raise RayPoolError(
                 f"the weights sent to a sampling actor do not fit its model: {err}. The actors build the policy "
-                "from model.path; the trained policy must have the same architecture."
+                "from model.path."
             ) from None
-        self.sampler.sync_weights(self.sampler.model, version)
         self.version = version
 
     def generate(
@@ -432,13 +439,15 @@ class SamplerPool:
         address: str = "",
         ray_cpus: int = 0,
         worker: type[SamplingWorker] = SamplingWorker,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         """`model` is built inside each actor (with `load_policy`; a local path is made absolute here);
         `chunk_size` (rows per batch; 0: one batch per actor), `share_prefix` and `autocast` are the
         in-process `HFSampler`'s, and `compile` (train.compile) compiles each actor's decoder; each actor runs
         `threads` torch threads and reserves as many CPUs. `address` empty starts a local Ray with `ray_cpus`
         CPUs (0: `workers * threads`) unless this process already runs one. `worker` is the actor class (a
-        subclass changes how an actor generates; the tests' kills one). No weights until `sync_weights`."""
+        subclass changes how an actor generates; the tests' kills one); `on_progress` is `ActorPool`'s. No
+        weights until `update_weights`."""
         path = Path(model.path).expanduser()
         if model.path not in ("tiny", "smollm2") and path.exists():
             model = model.model_copy(update={"path": str(path.resolve())})
@@ -459,6 +468,7 @@ class SamplerPool:
             ray_cpus=ray_cpus,
             actor_cpus=threads,
             prepare=self._prepare,
+            on_progress=on_progress,
         )
 
     @property
@@ -479,15 +489,13 @@ class SamplerPool:
         if self._weights is not None:
             actor.load_weights.remote(self._weights, self._version)
 
-    def sync_weights(self, policy: PreTrainedModel, version: int) -> None:
-        """Send `policy`'s weights to every actor, unless they already hold `version` (the trainer bumps the
+    def update_weights(self, weights: NamedTensors, version: int) -> None:
+        """Send the named tensors to every actor, unless they already hold `version` (the trainer bumps the
         version with every update and restores it with the weights on rollback or resume)."""
         if version == self._version:
             return
-        from keelrl.checkpoint import untied_state_dict
-
         ray = import_ray()
-        self._weights = ray.put({k: v.detach().cpu() for k, v in untied_state_dict(policy).items()})
+        self._weights = ray.put({k: v.detach().cpu() for k, v in dict(weights).items()})
         self._version = version
         self.unreported += self.actors.call_all("load_weights", self._weights, version)
 
@@ -495,12 +503,12 @@ class SamplerPool:
         self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
     ) -> list[Generation]:
         """One completion per prompt, `seeds[i]` driving row i, in input order (see the module docstring)."""
-        from keelrl.rollout import generation_chunks
+        from keelrl.rollout.hf import generation_chunks
 
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         if self._weights is None:
-            raise RayPoolError("SamplerPool.generate before sync_weights: the actors hold no weights yet")
+            raise RayPoolError("SamplerPool.generate before update_weights: the actors hold no weights yet")
         if not prompts:
             return []
         if self.chunk_size:

@@ -1,0 +1,87 @@
+"""Sampling: the `Sampler` protocol and its engines, and the one place that builds them.
+
+- types.py: `Rollout`, `Generation`, `SamplingSettings`, the `Sampler` protocol.
+- prompts.py: `render_prompt`, `resolve_template`.
+- hf.py: `HFSampler`, keelrl's batched KV-cache sampler over a transformers model (in process).
+- ray.py: Ray actor pools, `SamplerPool` (a `Sampler`) and `ScorerPool` (rewards).
+- weights.py: a policy's weights as named tensors, and loading them into another model.
+
+`SAMPLERS` maps `distributed.sampler` to a factory `(cfg, model, tokenizer, on_progress) -> Sampler`;
+`make_sampler` is how everything outside this package gets a sampler. A factory imports its engine when it
+is called, and this module does not import hf.py (tests that want the engine itself import
+`keelrl.rollout.hf`): a Ray scoring actor imports `keelrl.rollout.ray` and must not pay for torch and
+transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from keelrl.rollout.prompts import render_prompt, resolve_template
+from keelrl.rollout.types import FinishReason, Generation, Rollout, Sampler, SamplingSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers import PreTrainedTokenizerBase as Tokenizer
+
+    from keelrl.config import Config
+
+__all__ = [
+    "SAMPLERS",
+    "FinishReason",
+    "Generation",
+    "Rollout",
+    "Sampler",
+    "SamplingSettings",
+    "make_sampler",
+    "render_prompt",
+    "resolve_template",
+]
+
+Progress = Callable[[], None] | None
+
+
+def _local(
+    cfg: Config | None, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress
+) -> Sampler:
+    """In process, over `model` itself (no copy of the weights). `cfg` None: HFSampler's defaults."""
+    from keelrl.rollout.hf import HFSampler
+
+    if cfg is None:
+        return HFSampler(model, tokenizer, on_progress=on_progress)
+    t = cfg.train
+    return HFSampler(model, tokenizer, cfg.rollout.chunk_size, t.share_prefix, t.autocast, on_progress)
+
+
+def _ray(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress) -> Sampler:
+    """Ray actors that build the policy from `cfg.model` (`model` and `tokenizer` stay here)."""
+    from keelrl.rollout.ray import SamplerPool, ray_cpus
+
+    d, t = cfg.distributed, cfg.train
+    return SamplerPool(
+        cfg.model,
+        d.ray_sampler_workers,
+        chunk_size=cfg.rollout.chunk_size,
+        share_prefix=t.share_prefix,
+        autocast=t.autocast,
+        compile=t.compile,
+        max_retries=d.ray_max_retries,
+        address=d.ray_address,
+        ray_cpus=ray_cpus(d),
+        on_progress=on_progress,
+    )
+
+
+SAMPLERS: dict[str, Callable[..., Sampler]] = {"local": _local, "ray": _ray}
+
+
+def make_sampler(
+    cfg: Config | None, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress = None
+) -> Sampler:
+    """The sampler `cfg.distributed.sampler` names, set up from `cfg` (None, for evals outside a run: the
+    in-process sampler with its defaults). It holds no weights of its own until `update_weights`, except
+    the in-process one, which samples `model`. `on_progress` is called as sampling moves (a heartbeat)."""
+    return SAMPLERS[cfg.distributed.sampler if cfg is not None else "local"](
+        cfg, model, tokenizer, on_progress
+    )

@@ -1,0 +1,45 @@
+"""Prompt rendering: a task's `Prompt` -> token ids, under the chat, base or compact template."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from keelrl.tasks.base import Prompt, Template
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, template: Template) -> list[int]:
+    """Prompt -> token ids. 'chat' applies the tokenizer's chat template (system + user turn, generation
+    prompt) and appends the assistant prefix; 'base' writes TinyZero's plain conversation; 'compact' is
+    `user + newline + assistant_prefix` for tiny character-level models."""
+    if template == "chat":
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                "task.template='chat' but the tokenizer has no chat template; use 'base' or 'auto'"
+            )
+        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else []) + [
+            {"role": "user", "content": prompt.user}
+        ]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text += prompt.assistant_prefix
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    if template == "base":
+        text = f"{prompt.system}\nUser: {prompt.user}\nAssistant: {prompt.assistant_prefix}"
+    else:
+        text = f"{prompt.user}\n{prompt.assistant_prefix}"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if template == "base" and tokenizer.bos_token_id is not None:
+        ids = [tokenizer.bos_token_id, *ids]
+    return ids
+
+
+def resolve_template(requested: str, tokenizer: PreTrainedTokenizerBase) -> Template:
+    from keelrl.models import is_char_tokenizer
+
+    if requested != "auto":
+        return requested  # type: ignore[return-value]
+    if is_char_tokenizer(tokenizer):
+        return "compact"
+    return "chat" if getattr(tokenizer, "chat_template", None) else "base"
