@@ -13,14 +13,8 @@ import torch
 
 from keelrl.cli import main
 from keelrl.config import TinyModelConfig
-from keelrl.evaluate import (
-    EvalReport,
-    evaluate,
-    pass_at_k,
-    perplexity,
-    reference_completion,
-    reference_perplexity,
-)
+from keelrl.evaluate import EvalReport, evaluate, pass_at_k, perplexity, reference_perplexity
+from keelrl.evaluate.likelihood import reference_completion
 from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
 from keelrl.rollout import Generation, SamplingSettings
 from keelrl.tasks import get_task

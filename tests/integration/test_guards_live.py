@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from keelrl import trainer as trainer_module
 from keelrl.config import load_config
-from keelrl.tasks.base import Score, last_answer
-from keelrl.tasks.multiply import Multiply
 from keelrl.trainer import GuardStop, train
 
 
@@ -119,27 +116,13 @@ def test_kl_blowup_rolls_back(format_run, tmp_path: Path) -> None:
     assert rollback[0]["evidence"]["kl_old"] > 0.1
 
 
-class HackableMultiply(Multiply):
-    """A deliberately hackable reward: it pays 1.0 for any odd answer, while the strict checker (`correct`)
-    accepts only even ones. The format-trained model greedily answers "44" (strictly correct); RL on the
-    proxy teaches it odd answers: reward up, held-out accuracy down."""
-
-    def score(self, problem, completion):
-        answer = (last_answer(completion) or "").strip()
-        if not answer.isdigit():
-            return Score(0.0, False, {"formatted": False})
-        odd = int(answer) % 2 == 1
-        return Score(1.0 if odd else 0.1, not odd, {"formatted": True, "answer": answer})
-
-
-def test_reward_hacking_is_flagged(format_run, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(
-        trainer_module, "get_task", lambda name, seed=0, **p: HackableMultiply(seed=seed, **p)
-    )
+def test_reward_hacking_is_flagged(format_run, tmp_path: Path) -> None:
+    # tests/user_tasks.py:HackableMultiply, named by import path as a user names their own task
     run = tmp_path / "run"
     # eval_regression only warns here, so the whole hack plays out (by default it would roll back once the
     # strict accuracy has halved; tests/learning/test_demo_failures.py covers that action)
-    settings = ["train.steps=24", "algo.lr=3e-3", "eval.every_steps=4", "eval.problems=32"]
+    settings = ['task.name="user_tasks:HackableMultiply"', "train.steps=24", "algo.lr=3e-3"]
+    settings += ["eval.every_steps=4", "eval.problems=32"]
     train(_cfg(format_run, *settings, 'guards.eval_regression.action="warn"'), run)
     hacking = [e for e in _events(run, "guard") if e["rule"] == "reward_hacking"]
     assert hacking, [e["rule"] for e in _events(run, "guard")]

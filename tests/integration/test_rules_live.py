@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from keelrl import trainer as trainer_module
 from keelrl.config import load_config
 from keelrl.monitor.doctor import diagnose, load_run
-from keelrl.tasks.multiply import Multiply
 from keelrl.trainer import train
+from user_tasks import SlowingMultiply
 
 HAIR_TRIGGERS: dict[str, list[str]] = {
     "entropy_collapse": ["baseline_steps=1", "window=2", "warn_frac=0.999", "critical_frac=0.001"],
@@ -112,25 +111,10 @@ def test_repetition_fires_on_a_looping_model(tmp_path: Path) -> None:
     assert fired and fired[-1]["severity"] == "critical"
 
 
-class SlowingMultiply(Multiply):
-    """A verifier that becomes slow part-way through the run (as a stalled sandbox or an overloaded reward
-    service does): from its 7th batch on, every completion costs 40 ms more."""
-
-    calls = 0
-
-    def score_many(self, problems, completions):
-        SlowingMultiply.calls += 1
-        if SlowingMultiply.calls > 6:
-            time.sleep(0.04 * len(completions))
-        return [self.score(p, c) for p, c in zip(problems, completions)]
-
-
-def test_throughput_drop_fires_when_the_verifier_slows_down(
-    format_run: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_throughput_drop_fires_when_the_verifier_slows_down(format_run: list[str], tmp_path: Path) -> None:
     SlowingMultiply.calls = 0
-    monkeypatch.setattr(trainer_module, "get_task", lambda name, seed=0, **p: SlowingMultiply(seed=seed, **p))
-    sets = ["guards.throughput_drop.window=3", "guards.throughput_drop.reference=5"]
+    sets = ['task.name="user_tasks:SlowingMultiply"']  # the task by import path, as a user names their own
+    sets += ["guards.throughput_drop.window=3", "guards.throughput_drop.reference=5"]
     cfg = load_config(
         "configs/smoke.toml", [*format_run, "train.steps=10", "eval.every_steps=0", "eval.problems=8", *sets]
     )

@@ -16,19 +16,21 @@ from keelrl.evaluate import (
     EvalReport,
     GateError,
     ProblemResult,
-    bootstrap_ci,
     check_gate,
     compare_results,
-    default_ks,
     maj_at_k,
+    parse_gate,
+    pass_at_k,
+)
+from keelrl.evaluate.report import verdict
+from keelrl.evaluate.stats import (
+    bootstrap_ci,
+    default_ks,
     majority_vote,
     metric_intervals,
     normalize_answer,
     paired_bootstrap,
-    parse_gate,
-    pass_at_k,
     problem_metrics,
-    verdict,
 )
 
 # ------------------------------------------------------------------------------------------------ pass@k

@@ -1,8 +1,14 @@
-"""Tasks: problems, prompts and verifiable rewards. `get_task(name, **params)` is the one entry point."""
+"""Tasks: problems, prompts and verifiable rewards. `get_task(name, **params)` is the one entry point.
+
+`TASKS` maps a name to a factory called with `(seed=..., **params)`. A user's own task needs no entry:
+`get_task("mypkg.mytask:MyTask")` imports `mypkg.mytask` and calls its `MyTask` (a class or function).
+"""
 
 from __future__ import annotations
 
 import difflib
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -11,31 +17,49 @@ from keelrl.tasks.base import Prompt, Score, Split, Task, Template
 from keelrl.tasks.countdown import Countdown
 from keelrl.tasks.multiply import Multiply
 
-__all__ = ["TASK_NAMES", "Prompt", "Score", "Split", "Task", "TaskError", "Template", "get_task"]
-
-TASK_NAMES = ("countdown", "multiply", "code", "mixture")
+__all__ = ["TASKS", "Prompt", "Score", "Split", "Task", "TaskError", "Template", "get_task"]
 
 
 class TaskError(ValueError):
     """A task name or task parameter the user gave is wrong."""
 
 
-def get_task(name: str, seed: int = 0, **params: Any) -> Task:
-    """Build a task by name. `params` are checked against the task's parameter model; a wrong name or
-    parameter raises TaskError saying what is allowed."""
+def _load(path: str) -> Callable[..., Task]:
+    module, _, attr = path.partition(":")
     try:
-        if name == "countdown":
-            return Countdown(seed=seed, **params)
-        if name == "multiply":
-            return Multiply(seed=seed, **params)
-        if name == "code":
-            from keelrl.tasks.code import CodeTask  # imports the sandbox only when used
+        factory = getattr(importlib.import_module(module), attr)
+        if not callable(factory):
+            raise TypeError(f"{module}.{attr} is a {type(factory).__name__}, not a class or function")
+    except (ImportError, AttributeError, TypeError, ValueError) as err:
+        raise TaskError(
+            f"cannot load task {path!r} ({type(err).__name__}: {err}). A task is a name ({', '.join(TASKS)}) or "
+            "'package.module:Class' (or ':function'), called with seed=... and the task parameters, from a "
+            "module that is importable (installed, or on PYTHONPATH) and defines that name."
+        ) from None
+    return factory
 
-            return CodeTask(seed=seed, **params)
-        if name == "mixture":
-            from keelrl.tasks.mixture import TaskMixture
 
-            return TaskMixture(seed=seed, **params)
+TASKS: dict[str, Callable[..., Task]] = {
+    "countdown": Countdown,
+    "multiply": Multiply,
+    "code": lambda **kw: _load("keelrl.tasks.code:CodeTask")(**kw),  # imports the sandbox only when used
+    "mixture": lambda **kw: _load("keelrl.tasks.mixture:TaskMixture")(**kw),
+}
+
+
+def get_task(name: str, seed: int = 0, **params: Any) -> Task:
+    """Build a task by name (`TASKS`) or import path ("package.module:Class"). `params` are checked against
+    the task's parameter model; a wrong name, path or parameter raises TaskError saying what is allowed."""
+    factory = TASKS.get(name) or (_load(name) if ":" in name else None)
+    if factory is None:
+        hint = difflib.get_close_matches(name, TASKS, n=1)
+        raise TaskError(
+            f"unknown task {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; available tasks: "
+            f"{', '.join(TASKS)}, or your own as 'package.module:Class'. Set task.name in the config or "
+            "--task on the command line."
+        )
+    try:
+        return factory(seed=seed, **params)
     except ValidationError as err:
         problems = "; ".join(
             f"`{'.'.join(map(str, e['loc'])) or name}`: {e['msg'].removeprefix('Value error, ')}"
@@ -43,8 +67,3 @@ def get_task(name: str, seed: int = 0, **params: Any) -> Task:
             for e in err.errors()
         )
         raise TaskError(f"bad parameters for task {name!r}: {problems}") from None
-    hint = difflib.get_close_matches(name, TASK_NAMES, n=1)
-    raise TaskError(
-        f"unknown task {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; available tasks: "
-        f"{', '.join(TASK_NAMES)}. Set task.name in the config or --task on the command line."
-    )

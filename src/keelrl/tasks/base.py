@@ -46,6 +46,11 @@ class Prompt:
 
 @runtime_checkable
 class Task(Protocol):
+    """Optional methods, looked up with getattr (a task without them still works): `score_many(problems,
+    completions)` (batched scoring, see `score_batch`), `reference_answer(problem) -> str | None` (a
+    known-correct answer as the model should state it, used by `keelrl eval --perplexity reference` when a
+    problem has no "reference" field), and the `BucketedTask` methods below."""
+
     name: str
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:

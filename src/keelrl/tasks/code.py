@@ -273,11 +273,7 @@ class CodeTask:
     # -------------------------------------------------------------------------------- Task protocol
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
-        items = self.splits[split]
-        epoch, pos = divmod(index, len(items))
-        order = list(range(len(items)))
-        random.Random(stable_hash("code", self.seed, split, epoch)).shuffle(order)
-        return dict(items[order[pos]])
+        return self._pick(self.splits[split], index, split)
 
     def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
         if template == "compact":
@@ -305,9 +301,13 @@ class CodeTask:
         items = [p for p in self.splits[split] if self.difficulty(p) == bucket]
         if not items:
             raise ValueError(f"task code: the {split} split has no problem of difficulty {bucket!r}")
+        return self._pick(items, index, split, bucket)
+
+    def _pick(self, items: list[dict[str, Any]], index: int, *key: str) -> dict[str, Any]:
+        """The `index`-th of `items` in a permutation seeded by `key` and the pass over them (epoch)."""
         epoch, pos = divmod(index, len(items))
         order = list(range(len(items)))
-        random.Random(stable_hash("code", self.seed, split, bucket, epoch)).shuffle(order)
+        random.Random(stable_hash("code", self.seed, *key, epoch)).shuffle(order)
         return dict(items[order[pos]])
 
     # ------------------------------------------------------------------------------------- batches

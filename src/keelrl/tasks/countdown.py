@@ -14,7 +14,9 @@ Where this deliberately differs from TinyZero's `countdown.py` reward, and why:
   answers longer than 200 characters are invalid, and every input costs microseconds.
 - TinyZero read `2.5` as the numbers 2 and 5 (it extracted digit runs); here a decimal point is invalid.
 - TinyZero searched only the last line of the output for the answer; here the last complete
-  `<answer>...</answer>` block anywhere in the completion counts.
+  `<answer>...</answer>` block within the completion's final 2,032 characters counts (`last_answer`: the
+  search is bounded so adversarial output costs little). A block not wholly inside that window (e.g. a
+  correct answer followed by 2,000 more characters) is not seen, and the completion scores as unanswered.
 - Correctness is exact (a rational equal to the target), not |value - target| < 1e-5.
 - An answer may state its value (`<answer>(1+2)*3 = 9</answer>`); the stated value must then equal the
   expression's true value, so a model cannot earn credit by writing the target after a wrong expression.
@@ -84,12 +86,10 @@ class CountdownParams(TaskParams):
 
     @model_validator(mode="after")
     def _ranges(self) -> CountdownParams:
-        if self.min_numbers > self.max_numbers:
-            raise ValueError(f"min_numbers={self.min_numbers} > max_numbers={self.max_numbers}")
-        if self.min_number > self.max_number:
-            raise ValueError(f"min_number={self.min_number} > max_number={self.max_number}")
-        if self.min_target > self.max_target:
-            raise ValueError(f"min_target={self.min_target} > max_target={self.max_target}")
+        for key in ("numbers", "number", "target"):
+            lo, hi = getattr(self, f"min_{key}"), getattr(self, f"max_{key}")
+            if lo > hi:
+                raise ValueError(f"min_{key}={lo} > max_{key}={hi}")
         return self
 
 
@@ -279,20 +279,7 @@ class Countdown:
         self.params = CountdownParams(**params)
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
-        p = self.params
-        for attempt in range(10_000):
-            rng = random.Random(stable_hash("countdown", self.seed, split, index, attempt))
-            n = rng.randint(p.min_numbers, p.max_numbers)
-            numbers = [rng.randint(p.min_number, p.max_number) for _ in range(n)]
-            if in_test_split(tuple(sorted(numbers)), self.seed, p.test_fraction) != (split == "test"):
-                continue
-            made = random_expression(numbers, rng)
-            if made is None or not p.min_target <= made[1] <= p.max_target:
-                continue
-            return {"numbers": numbers, "target": made[1]}
-        raise RuntimeError(
-            f"countdown: no {split} problem found for index {index} with {p}; widen the ranges"
-        )
+        return self._generate(split, index)
 
     def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
         numbers, target = problem["numbers"], problem["target"]
@@ -313,6 +300,10 @@ class Countdown:
     def difficulty(self, problem: dict[str, Any]) -> str:
         return f"n{len(problem['numbers'])}"
 
+    def reference_answer(self, problem: dict[str, Any]) -> str | None:
+        """An expression that reaches the target (`solve`, brute force), or None when none is found."""
+        return solve(list(problem["numbers"]), int(problem["target"]))
+
     def buckets(self) -> list[str]:
         """Difficulty buckets, easiest first: one per count of numbers, n{min_numbers} .. n{max_numbers}."""
         return [f"n{k}" for k in range(self.params.min_numbers, self.params.max_numbers + 1)]
@@ -322,17 +313,24 @@ class Countdown:
         split by number multiset like `problem`, so train and test stay disjoint)."""
         if bucket not in self.buckets():
             raise unknown_bucket(self.name, bucket, self.buckets())
-        p, n = self.params, int(bucket[1:])
+        return self._generate(split, index, bucket)
+
+    def _generate(self, split: Split, index: int, bucket: str | None = None) -> dict[str, Any]:
+        """Seeded draws until a problem of `split` fits the ranges; the count of numbers is drawn too unless
+        `bucket` fixes it (then the bucket is part of the seed, so each bucket has its own stream)."""
+        p, key = self.params, (split, index) if bucket is None else (split, bucket, index)
         for attempt in range(10_000):
-            rng = random.Random(stable_hash("countdown", self.seed, split, bucket, index, attempt))
+            rng = random.Random(stable_hash("countdown", self.seed, *key, attempt))
+            n = rng.randint(p.min_numbers, p.max_numbers) if bucket is None else int(bucket[1:])
             numbers = [rng.randint(p.min_number, p.max_number) for _ in range(n)]
             if in_test_split(tuple(sorted(numbers)), self.seed, p.test_fraction) != (split == "test"):
                 continue
             made = random_expression(numbers, rng)
             if made is not None and p.min_target <= made[1] <= p.max_target:
                 return {"numbers": numbers, "target": made[1]}
+        where = "" if bucket is None else f" in bucket {bucket}"
         raise RuntimeError(
-            f"countdown: no {split} problem in bucket {bucket} for index {index} with {p}; widen the ranges"
+            f"countdown: no {split} problem{where} for index {index} with {p}; widen the ranges"
         )
 
 

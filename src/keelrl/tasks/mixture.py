@@ -37,7 +37,7 @@ ALL = "all"
 
 
 class MixtureMember(TaskParams):
-    task: str = Field(description="Task name of this member (countdown, multiply, code).")
+    task: str = Field(description="Task of this member: a name (countdown, ...) or 'package.module:Class'.")
     params: dict[str, Any] = Field(default_factory=dict, description="The member task's parameters.")
     weight: float = Field(1.0, gt=0.0, description="Share of problems drawn from this member (relative).")
     name: str = Field(

@@ -74,14 +74,7 @@ class Multiply:
         self.params = MultiplyParams(**params)
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
-        p = self.params
-        for attempt in range(10_000):
-            rng = random.Random(stable_hash("multiply", self.seed, split, index, attempt))
-            a = rng.randint(10 ** (p.digits_a - 1), 10**p.digits_a - 1)
-            b = rng.randint(10 ** (p.digits_b - 1), 10**p.digits_b - 1)
-            if in_test_split(tuple(sorted((a, b))), self.seed, p.test_fraction) == (split == "test"):
-                return {"a": a, "b": b}
-        raise RuntimeError(f"multiply: no {split} problem found for index {index}")
+        return self._generate(split, index, self.params.digits_a, self.params.digits_b)
 
     def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
         a, b = problem["a"], problem["b"]
@@ -105,6 +98,9 @@ class Multiply:
     def difficulty(self, problem: dict[str, Any]) -> str:
         return f"{len(str(problem['a']))}x{len(str(problem['b']))}"
 
+    def reference_answer(self, problem: dict[str, Any]) -> str | None:
+        return str(int(problem["a"]) * int(problem["b"]))
+
     def buckets(self) -> list[str]:
         """The difficulty ladder, easiest first: from min_digits x min_digits to digits_a x digits_b, one digit
         more per rung, the first factor first (3x3: 1x1, 2x1, 2x2, 3x2, 3x3)."""
@@ -124,11 +120,18 @@ class Multiply:
         if bucket not in self.buckets():
             raise unknown_bucket(self.name, bucket, self.buckets())
         da, db = (int(x) for x in bucket.split("x"))
+        return self._generate(split, index, da, db, bucket)
+
+    def _generate(self, split: Split, i: int, da: int, db: int, bucket: str | None = None) -> dict[str, Any]:
+        """Seeded draws of a `da`-digit times `db`-digit pair until one falls in `split` (a bucket, when
+        given, is part of the seed: each bucket has its own stream)."""
+        key = (split, i) if bucket is None else (split, bucket, i)
         for attempt in range(10_000):
-            rng = random.Random(stable_hash("multiply", self.seed, split, bucket, index, attempt))
+            rng = random.Random(stable_hash("multiply", self.seed, *key, attempt))
             a = rng.randint(10 ** (da - 1), 10**da - 1)
             b = rng.randint(10 ** (db - 1), 10**db - 1)
             test = in_test_split(tuple(sorted((a, b))), self.seed, self.params.test_fraction)
             if test == (split == "test"):
                 return {"a": a, "b": b}
-        raise RuntimeError(f"multiply: no {split} problem in bucket {bucket} for index {index}")
+        where = "" if bucket is None else f" in bucket {bucket}"
+        raise RuntimeError(f"multiply: no {split} problem{where} for index {i}")

@@ -1,0 +1,24 @@
+"""Held-out evaluation that says how sure it is: the trainer's periodic eval and `keelrl eval` / `keelrl
+compare` share this code and the sampler.
+
+run.py         generation: per-problem records (`run_eval`, `summarize`, `score_errors`)
+stats.py       pass@k, maj@k, bootstrap intervals, paired differences (pure, numpy only)
+report.py      `EvalReport` (built by `evaluate`); `compare_results` and its verdicts
+gates.py       `parse_gate`, `check_gate`: pass/fail thresholds on results
+likelihood.py  perplexity of texts or of a task's reference solutions
+render.py      rich tables for the CLI
+The names below are the public API; the helpers stay in their modules.
+"""
+
+from keelrl.evaluate.gates import GateError, check_gate, check_gates, parse_gate
+from keelrl.evaluate.likelihood import perplexity, reference_perplexity
+from keelrl.evaluate.render import render_comparison, render_summary
+from keelrl.evaluate.report import ComparisonError, EvalReport, compare_results, evaluate
+from keelrl.evaluate.run import ProblemResult, run_eval, score_errors, summarize
+from keelrl.evaluate.stats import maj_at_k, pass_at_k
+
+__all__ = [
+    "ComparisonError", "EvalReport", "GateError", "ProblemResult", "check_gate", "check_gates", "compare_results",
+    "evaluate", "maj_at_k", "parse_gate", "pass_at_k", "perplexity", "reference_perplexity",
+    "render_comparison", "render_summary", "run_eval", "score_errors", "summarize",
+]  # fmt: skip

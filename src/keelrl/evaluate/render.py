@@ -1,0 +1,96 @@
+"""Display: rich renderables for eval summaries, perplexity results and comparisons."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4f}" if abs(x) < 1000 else f"{x:.1f}"
+
+
+def render_summary(summary: Mapping[str, Any]) -> list[Any]:
+    """Rich renderables for an eval summary (or perplexity result): the metric table and the difficulty
+    breakdown."""
+    from rich import box
+    from rich.table import Table
+
+    s = summary.get("settings", {})
+    if summary.get("mode") == "perplexity":
+        title = f"perplexity on {summary.get('source', '')}: {summary.get('texts')} texts, {summary.get('tokens')} tokens"
+    else:
+        passes = ["greedy"] if s.get("greedy") else []
+        passes += [f"{s['samples']} samples at T={s.get('temperature')}"] if s.get("samples") else []
+        title = (
+            f"{s.get('model', '')} on {s.get('task', '')}: {summary.get('problems')} problems "
+            f"({' + '.join(passes)}), {summary.get('problems_per_s', 0.0):.2f} problems/s"
+        )
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("95% CI", justify="right")
+    for name, m in summary.get("metrics", {}).items():
+        lo, hi = m["ci95"]
+        table.add_row(name, _fmt(m["value"]), f"[{_fmt(lo)}, {_fmt(hi)}]")
+    out: list[Any] = [table]
+    buckets = summary.get("by_difficulty", {})
+    if len(buckets) > 1:
+        names = [n for n in summary["metrics"] if n == "accuracy" or n.startswith(("pass@", "maj@"))]
+        names = names[:1] + ([n for n in names if n.startswith("pass@")][-1:] if len(names) > 1 else [])
+        by = Table(title="by difficulty", title_justify="left", box=box.SIMPLE_HEAD)
+        by.add_column("bucket")
+        by.add_column("problems", justify="right")
+        for n in names:
+            by.add_column(f"{n} [95% CI]", justify="right")
+        for bucket, b in buckets.items():
+            cells = []
+            for n in names:
+                m = b["metrics"][n]
+                cells.append(f"{_fmt(m['value'])} [{_fmt(m['ci95'][0])}, {_fmt(m['ci95'][1])}]")
+            by.add_row(bucket, str(b["problems"]), *cells)
+        out.append(by)
+    if summary.get("score_errors"):
+        from rich.text import Text
+
+        out.append(
+            Text(
+                f"{summary['score_errors']} completion(s) scored 0 because the task's checker raised; "
+                f"the first: {summary.get('first_score_error', '?')}",
+                style="yellow",
+            )
+        )
+    return out
+
+
+def render_comparison(comparison: Mapping[str, Any], name_a: str = "A", name_b: str = "B") -> list[Any]:
+    """Rich renderables for a `compare_results` dict: one row per metric with the verdict word."""
+    from rich import box
+    from rich.table import Table
+
+    level = comparison["level"]
+    table = Table(
+        title=f"B = {name_b} vs A = {name_a}: paired over {comparison['problems']} problems, {level:.0%} intervals",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in ("metric", "A", "B", "B - A", "CI", "verdict"):
+        table.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
+    colours = {"better": "green", "worse": "red"}
+    for name, m in comparison["metrics"].items():
+        lo, hi = m["ci"]
+        word = m["verdict"]
+        table.add_row(
+            name, _fmt(m["a"]), _fmt(m["b"]), f"{m['diff']:+.4f}", f"[{lo:+.3f}, {hi:+.3f}]",
+            f"[{colours[word]}]{word}[/]" if word in colours else word,
+        )  # fmt: skip
+    out: list[Any] = [table]
+    notes = []
+    if comparison.get("only_in_a") or comparison.get("only_in_b"):
+        notes.append(
+            f"not compared (only in one result): {', '.join(comparison.get('only_in_a', []) + comparison.get('only_in_b', []))}"
+        )
+    for key, (va, vb) in comparison.get("setting_differences", {}).items():
+        notes.append(f"settings differ: {key} = {va!r} (A) vs {vb!r} (B)")
+    out += notes
+    return out

@@ -1,0 +1,43 @@
+"""Tasks that tests name by import path, as a user brings their own: `task.name = "user_tasks:SlowingMultiply"`
+(tests/conftest.py puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import time
+
+from keelrl.tasks.base import Score, last_answer
+from keelrl.tasks.multiply import Multiply
+
+
+class SlowingMultiply(Multiply):
+    """A verifier that becomes slow part-way through the run (as a stalled sandbox or an overloaded reward
+    service does): from its 7th batch on, every completion costs 40 ms more."""
+
+    calls = 0
+
+    def score_many(self, problems, completions):
+        SlowingMultiply.calls += 1
+        if SlowingMultiply.calls > 6:
+            time.sleep(0.04 * len(completions))
+        return [self.score(p, c) for p, c in zip(problems, completions)]
+
+
+class HackableMultiply(Multiply):
+    """A deliberately hackable reward: it pays 1.0 for any odd answer, while the strict checker (`correct`)
+    accepts only even ones. The format-trained model greedily answers "44" (strictly correct); RL on the
+    proxy teaches it odd answers: reward up, held-out accuracy down."""
+
+    def score(self, problem, completion):
+        answer = (last_answer(completion) or "").strip()
+        if not answer.isdigit():
+            return Score(0.0, False, {"formatted": False})
+        odd = int(answer) % 2 == 1
+        return Score(1.0 if odd else 0.1, not odd, {"formatted": True, "answer": answer})
+
+
+def make_multiply(seed: int = 0, **params) -> Multiply:
+    """A task factory function (the "package.module:function" form)."""
+    return Multiply(seed=seed, **params)
+
+
+NOT_A_TASK = 42
