@@ -8,6 +8,7 @@ verifies, unless the config changed in a way that changes what the run computes.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import time
@@ -28,7 +29,7 @@ from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
 from keelrl.rollout import SamplingSettings, make_sampler, resolve_template
 from keelrl.rollout.episodes import Prompter
-from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus, task_factory
+from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus
 from keelrl.run import Live, ResumeError, Run
 from keelrl.state import TrainState
 from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, pulse
@@ -102,7 +103,9 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     config_dict = config_to_dict(cfg)
-    task = get_task(cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
+    # the task, and its recipe for processes that rebuild it (Ray scoring actors)
+    make_task = functools.partial(get_task, cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
+    task = make_task()
     for setting in ("scorer", "sampler"):  # a missing Ray fails before the model loads; pools start last
         if getattr(cfg.distributed, setting) == "ray":
             import_ray(f"distributed.{setting}")
@@ -140,7 +143,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         if d.scorer == "ray":
             engines.append(
                 ScorerPool(
-                    task_factory(task),
+                    make_task,
                     d.ray_workers,
                     d.ray_max_retries,
                     d.ray_address,

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from keelrl.tasks.base import score_safely, stable_hash
+from keelrl.tasks.base import stable_hash
 
 if TYPE_CHECKING:  # torch and transformers load only when a model is evaluated
     from transformers import PreTrainedTokenizerBase
 
-    from keelrl.rollout import Sampler, SamplingSettings
+    from keelrl.rollout import Rollout, Sampler, SamplingSettings
     from keelrl.tasks import Task, Template
 
 
@@ -40,6 +40,19 @@ class ProblemResult:
     answers: list[str | None] = field(default_factory=list)  # extracted answer per sample (None: no answer)
     # per sample: the checker's error when it raised (the sample then scored 0), else None
     score_errors: list[str | None] = field(default_factory=list)
+
+    def add(self, rollout: Rollout) -> None:
+        """Record one scored sample."""
+        info, text = rollout.info, rollout.text
+        formatted = bool(info.get("formatted", rollout.reward > 0))
+        self.texts.append(text)
+        self.rewards.append(rollout.reward)
+        self.correct.append(rollout.correct)
+        self.formatted.append(formatted)
+        self.truncated.append(rollout.finish_reason == "length")
+        self.lengths.append(len(rollout.completion_ids))
+        self.answers.append(extracted_answer(info, text, formatted))
+        self.score_errors.append(info["error"] if info.get("reason") == "score_error" else None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,42 +108,30 @@ def run_eval(
     split: str = "test",
     on_progress: Callable[[int], None] | None = None,
 ) -> list[ProblemResult]:
-    """Generate and score `samples` completions for each of the first `num_problems` problems of `split`.
-    `on_progress(k)` is called after each batch with the number of completions it produced."""
-    from keelrl.rollout import render_prompt
+    """Generate and score `samples` completions for each of the first `num_problems` problems of `split`,
+    through the episode path training uses. `on_progress(k)` is called after each batch with the number of
+    completions it produced."""
+    from keelrl.rollout.episodes import Episode, Prompter, run_episodes
 
-    results = []
-    jobs: list[tuple[ProblemResult, int, list[int], str]] = []
-    for i in range(num_problems):
-        problem = task.problem(split, i)  # type: ignore[arg-type]
-        prompt = task.prompt(problem, template)
-        res = ProblemResult(i, problem, task.difficulty(problem))
-        results.append(res)
-        ids = render_prompt(tokenizer, prompt, template)
-        for j in range(samples):
-            jobs.append((res, j, ids, prompt.assistant_prefix))
-    for start in range(0, len(jobs), batch_size):
-        chunk = jobs[start : start + batch_size]
-        seeds = [stable_hash("eval", seed, res.index, j) for res, j, _, _ in chunk]
-        gens = sampler.generate([ids for _, _, ids, _ in chunk], settings, seeds)
-        texts = [tokenizer.decode(gen.completion_ids, skip_special_tokens=True) for gen in gens]
-        scores, _ = score_safely(
-            task, [res.problem for res, _, _, _ in chunk], [c[3] + t for c, t in zip(chunk, texts)]
-        )
-        for (res, _, _, _), gen, text, score in zip(chunk, gens, texts, scores):
-            res.score_errors.append(
-                score.info["error"] if score.info.get("reason") == "score_error" else None
-            )
-            formatted = bool(score.info.get("formatted", score.reward > 0))
-            res.texts.append(text)
-            res.rewards.append(score.reward)
-            res.correct.append(score.correct)
-            res.formatted.append(formatted)
-            res.truncated.append(gen.finish_reason == "length")
-            res.lengths.append(len(gen.completion_ids))
-            res.answers.append(extracted_answer(score.info, text, formatted))
-        if on_progress is not None:
-            on_progress(len(chunk))
+    results = [
+        ProblemResult(i, p, task.difficulty(p))
+        for i, p in ((i, task.problem(split, i)) for i in range(num_problems))
+    ]  # type: ignore[arg-type]
+    episodes = [
+        Episode(r.index, r.problem, r.index, stable_hash("eval", seed, r.index, j))
+        for r in results
+        for j in range(samples)
+    ]
+    rollouts = run_episodes(
+        sampler,
+        Prompter(task, tokenizer, template),
+        episodes,
+        settings,
+        batch_size,
+        on_batch=None if on_progress is None else lambda batch: on_progress(len(batch)),
+    )
+    for r in rollouts:
+        results[r.problem_index].add(r)
     return results
 
 
