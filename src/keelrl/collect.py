@@ -18,8 +18,9 @@ from keelrl.monitor.traces import is_repetitive
 from keelrl.rollout import Rollout
 from keelrl.rollout.episodes import Episode, generate, score
 from keelrl.run import Run
+from keelrl.seeds import stable_hash
 from keelrl.state import TrainState
-from keelrl.tasks.base import score_safely, stable_hash
+from keelrl.tasks.base import score_safely
 
 
 def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int = 0) -> list[Rollout]:

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from keelrl.config import CurriculumConfig
+from keelrl.seeds import stable_hash
 from keelrl.tasks import Task
-from keelrl.tasks.base import stable_hash, task_buckets
+from keelrl.tasks.base import task_buckets
 from keelrl.tasks.mixture import TaskMixture
 
 ALL = "all"  # the one bucket of a task that cannot draw problems by difficulty

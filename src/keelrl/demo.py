@@ -49,7 +49,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from keelrl.config import TinyModelConfig
-from keelrl.tasks.base import stable_hash
+from keelrl.seeds import stable_hash
 from keelrl.tasks.countdown import Countdown, random_expression
 
 

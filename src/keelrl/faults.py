@@ -21,7 +21,8 @@ import torch
 from keelrl import checkpoint as ckpt
 from keelrl.config import FaultsConfig
 from keelrl.monitor.run_dir import RunDir
-from keelrl.tasks.base import Score, stable_hash
+from keelrl.seeds import stable_hash
+from keelrl.tasks.base import Score
 
 
 class InjectedFault(RuntimeError):

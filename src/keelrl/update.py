@@ -33,9 +33,9 @@ from keelrl.distributed import (
 from keelrl.guards import check_update
 from keelrl.rollout import Rollout
 from keelrl.run import Run
+from keelrl.seeds import stable_hash
 from keelrl.state import TrainState
 from keelrl.supervisor import pulse
-from keelrl.tasks.base import stable_hash
 
 
 def advantage_phase(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, float], float]:

@@ -17,8 +17,8 @@ from keelrl.evaluate import EvalReport, evaluate, pass_at_k, perplexity, referen
 from keelrl.evaluate.likelihood import reference_completion
 from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
 from keelrl.rollout import Generation, SamplingSettings
+from keelrl.seeds import stable_hash
 from keelrl.tasks import get_task
-from keelrl.tasks.base import stable_hash
 from keelrl.tasks.countdown import solve
 
 TASK = ["--task", "countdown", "--task-param", "max_numbers=3", "--task-param", "max_number=20"]

@@ -21,7 +21,7 @@ import numpy as np
 from keelrl.config import ConfigError
 from keelrl.evaluate.run import ProblemResult, run_eval, score_errors
 from keelrl.evaluate.stats import BOOTSTRAP_RESAMPLES, default_ks, metric_intervals, problem_metrics
-from keelrl.tasks.base import stable_hash
+from keelrl.seeds import stable_hash
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from keelrl.tasks.base import stable_hash
+from keelrl.seeds import stable_hash
 
 if TYPE_CHECKING:  # torch and transformers load only when a model is evaluated
     from transformers import PreTrainedTokenizerBase

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from keelrl.tasks.base import stable_hash
+from keelrl.seeds import stable_hash
 
 if TYPE_CHECKING:
     from keelrl.evaluate.run import ProblemResult

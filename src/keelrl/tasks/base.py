@@ -8,13 +8,14 @@ the model can write yields a `Score`.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
+
+from keelrl.seeds import stable_hash
 
 Split = Literal["train", "test"]
 Template = Literal["base", "chat", "compact"]
@@ -134,12 +135,6 @@ class TaskParams(BaseModel):
     """Base of each task's parameter model: unknown parameters are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def stable_hash(*parts: Any) -> int:
-    """A 64-bit hash that is the same in every process and Python version (unlike hash())."""
-    h = hashlib.blake2b(repr(parts).encode(), digest_size=8)
-    return int.from_bytes(h.digest(), "little")
 
 
 def in_test_split(key: Any, seed: int, test_fraction: float) -> bool:

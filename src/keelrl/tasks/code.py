@@ -42,6 +42,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from keelrl.sandbox import ExecResult, Job, SandboxError, SandboxLimits, SandboxPool
+from keelrl.seeds import stable_hash
 from keelrl.tasks import TaskError
 from keelrl.tasks.base import (
     THINK_PREFIX,
@@ -51,7 +52,6 @@ from keelrl.tasks.base import (
     TaskParams,
     Template,
     in_test_split,
-    stable_hash,
     unknown_bucket,
 )
 

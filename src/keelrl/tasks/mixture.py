@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from keelrl.seeds import stable_hash
 from keelrl.tasks.base import (
     Prompt,
     Score,
@@ -28,7 +29,6 @@ from keelrl.tasks.base import (
     TaskParams,
     Template,
     score_batch,
-    stable_hash,
     task_buckets,
     unknown_bucket,
 )

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from keelrl.seeds import stable_hash
 from keelrl.tasks.base import (
     SYSTEM_BASE,
     SYSTEM_CHAT,
@@ -25,7 +26,6 @@ from keelrl.tasks.base import (
     Template,
     in_test_split,
     last_answer,
-    stable_hash,
     unknown_bucket,
 )
 
