@@ -19,7 +19,8 @@ from torch.distributed.checkpoint import CheckpointException
 from keelrl import checkpoint as ckpt
 from keelrl.config import config_to_dict
 from keelrl.distributed import broadcast_object, is_sharded, save_sharded
-from keelrl.guards import Finding, Guardian
+from keelrl.guards.base import Finding
+from keelrl.guards.engine import Guardian
 from keelrl.models import model_summary, save_hf_dir
 from keelrl.run import GuardStop, Run
 from keelrl.state import TrainState

@@ -23,7 +23,7 @@ from keelrl.config import Config, check_batch_arithmetic, config_to_dict
 from keelrl.curriculum import make_source
 from keelrl.distributed import init_world, wrap_for_training
 from keelrl.faults import FaultInjector
-from keelrl.guards import Guardian
+from keelrl.guards.engine import Guardian
 from keelrl.models import compile_decoder, load_policy
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from keelrl.config import load_config
-from keelrl.rollout.ray import RayPoolError, ScorerPool, task_factory
+from keelrl.rollout.ray import RayPoolError, ScorerPool
 from keelrl.tasks import Task, get_task
 from keelrl.tasks.base import Score, score_safely
 from keelrl.trainer import train
@@ -73,7 +73,7 @@ def test_pool_scores_like_the_training_process(local_ray, cases) -> None:
     expected, expected_errors = score_safely(task, problems, completions)
     reasons = {s.info["reason"] for s in expected}
     assert {"correct", "wrong_value", "score_error"} <= reasons and len(reasons) >= 4  # every kind is there
-    pool = ScorerPool(task_factory(task), workers=2, chunk_size=16)
+    pool = ScorerPool(functools.partial(get_task, task.name, seed=task.seed), workers=2, chunk_size=16)
     try:
         scores, errors = pool.score(problems, completions)
         replaced = pool.take_replaced()

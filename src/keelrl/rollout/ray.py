@@ -5,8 +5,8 @@ Ray actors, so a cluster's CPUs score and sample while the accelerators train.
 `start_ray`), starts `size` actors of one class, and `run(method, chunks)` keeps every actor busy with up to
 two chunks and returns the results in chunk order.
 
-- `ScorerPool`: each actor builds its own copy of the task with `task_factory(task)`, i.e.
-  `get_task(name, seed=..., **params)` run inside the actor, so only plain data crosses the process boundary.
+- `ScorerPool`: each actor builds its own copy of the task from a picklable recipe (setup.py passes
+  `functools.partial(get_task, name, seed=..., **params)`), so only plain data crosses the process boundary.
   `pool.score(problems, completions)` splits the pairs into chunks of consecutive samples.
 - `SamplerPool` (a `Sampler`, a drop-in for `HFSampler`): each actor builds the policy from the run's
   `ModelConfig` and an `HFSampler` over it with the run's share_prefix / autocast / compile settings, on CPU
@@ -37,7 +37,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keelrl.config import ConfigError, DistributedConfig, ModelConfig
-from keelrl.tasks import Task, get_task
+from keelrl.tasks import Task
 from keelrl.tasks.base import Score, score_safely
 
 if TYPE_CHECKING:  # torch and transformers load in sampling processes only (scoring actors start faster)
@@ -266,19 +265,6 @@ class ActorPool:
 # ------------------------------------------------------------------------------------------------- scoring
 
 
-def task_factory(task: Task) -> Callable[[], Task]:
-    """A picklable recipe that rebuilds `task` in another process: `get_task(name, seed=seed, **params)`."""
-    seed, params = getattr(task, "seed", None), getattr(task, "params", None)
-    if seed is None or params is None:
-        raise RayPoolError(
-            f"task {task.name!r} cannot be rebuilt in a Ray worker: it has no `seed` and `params` attributes. "
-            'Give it both (as the shipped tasks have), or set distributed.scorer = "local".'
-        )
-    if hasattr(params, "model_dump"):
-        params = params.model_dump()
-    return functools.partial(get_task, task.name, seed=seed, **dict(params))
-
-
 class ScoringWorker:
     """One Ray actor: builds the task once, then scores chunks with the trainer's code path."""
 
@@ -305,7 +291,7 @@ class ScorerPool:
         ray_cpus: int = 0,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
-        """`make_task` runs inside each actor (see `task_factory`); `address` empty starts a local Ray with
+        """`make_task` (a picklable recipe) runs inside each actor; `address` empty starts a local Ray with
         `ray_cpus` CPUs (0: `workers`) unless this process already runs one; `chunk_size` 0 picks one per call;
         `on_progress` is `ActorPool`'s."""
         self.chunk_size = chunk_size
