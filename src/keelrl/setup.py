@@ -40,15 +40,9 @@ ResumeMode = Literal["auto", "never"]
 # Config keys that may differ between a checkpoint and the config it is resumed with: they do not change
 # what the resumed steps compute (only how long the run is, what is logged, how often things are saved).
 SAFE_TO_CHANGE = (
-    "train.steps",
-    "train.threads",
-    "eval.every_steps",
-    "eval.problems",
-    "eval.batch_size",
-    "eval.at_start",
-    "checkpoint.",
-    "log.",
-)
+    "train.steps", "train.threads", "eval.every_steps", "eval.problems", "eval.batch_size", "eval.at_start",
+    "checkpoint.", "log.",
+)  # fmt: skip
 
 
 def build_optimizer(
