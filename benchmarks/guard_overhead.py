@@ -27,7 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from demo_setup import demo_base, demo_config, emit, machine, step_seconds
-from keelrl.guards import Guardian, GuardsConfig, check_update
+from keelrl.guards.engine import Guardian
+from keelrl.guards.rules import GuardsConfig
+from keelrl.guards.step import check_update
 from keelrl.trainer import train
 
 

@@ -23,6 +23,7 @@ start-up time (actors building their task) is reported separately.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -38,7 +39,7 @@ from keelrl.config import ModelConfig, TinyModelConfig
 from keelrl.models import load_policy
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.hf import HFSampler
-from keelrl.rollout.ray import CHUNKS_PER_WORKER, IN_FLIGHT_PER_WORKER, SamplerPool, ScorerPool, task_factory
+from keelrl.rollout.ray import CHUNKS_PER_WORKER, IN_FLIGHT_PER_WORKER, SamplerPool, ScorerPool
 from keelrl.rollout.weights import untied_state_dict
 from keelrl.tasks import get_task
 from keelrl.tasks.base import Score, score_safely
@@ -197,7 +198,7 @@ def main() -> None:
         "us_per_completion": round(1e6 * local_s / a.cheap_batch, 2),
     }
     for workers in (1, 2):
-        pool = ScorerPool(task_factory(countdown), workers)
+        pool = ScorerPool(functools.partial(get_task, "countdown", seed=0), workers)
         assert pool.score(problems, completions)[0] == expected
         ray_s = statistics.median(timed_batches(pool.score, problems, completions, a.cheap_batches))
         pool.shutdown()

@@ -31,7 +31,10 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-from keelrl.sandbox import Job, Sandbox, SandboxPool, SandboxWarning, available_levels
+from keelrl.sandbox.execute import Sandbox
+from keelrl.sandbox.isolation import available_levels
+from keelrl.sandbox.pool import SandboxPool
+from keelrl.sandbox.result import Job, SandboxWarning
 from keelrl.tasks.code import load_problems, shipped_problems_path
 
 TRIVIAL = Job("def f(x):\n    return x\n", ["assert f(1) == 1"], "f")

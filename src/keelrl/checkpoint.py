@@ -125,16 +125,8 @@ def snapshot(
     )
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def _fsync(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
     finally:
@@ -181,11 +173,11 @@ def write_snapshot(
         tmp.mkdir(exist_ok=staged is not None)
         files: list[str] = []
         for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
-            _fsync_file(f)
+            _fsync(f)
             files.append(str(f.relative_to(tmp)))
 
         def done(fname: str) -> None:
-            _fsync_file(tmp / fname)
+            _fsync(tmp / fname)
             files.append(fname)
             if on_file is not None:
                 on_file(fname)
@@ -212,12 +204,12 @@ def write_snapshot(
             "files": {f: {"sha256": sha256_file(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _fsync_file(tmp / MANIFEST)
-        _fsync_dir(tmp)
+        _fsync(tmp / MANIFEST)
+        _fsync(tmp, directory=True)
         if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(checkpoints_dir)
+        _fsync(checkpoints_dir, directory=True)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(
@@ -235,7 +227,7 @@ def set_latest(checkpoints_dir: Path, name: str) -> None:
         tmp.unlink()
     os.symlink(name, tmp)
     os.replace(tmp, link)
-    _fsync_dir(checkpoints_dir)
+    _fsync(checkpoints_dir, directory=True)
 
 
 def committed(checkpoints_dir: Path) -> list[Path]:

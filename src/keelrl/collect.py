@@ -66,13 +66,13 @@ def pool_metrics(run: Run, state: TrainState) -> dict[str, float]:
     generation, refills or the eval before it), and their count since this process started."""
     out: dict[str, float] = {}
     for name, pool in (("scorer", run.scorer), ("sampler", run.sampler)):
-        take = getattr(pool, "take_replaced", None)
-        if take is None:
+        actors = getattr(pool, "actors", None)  # a Ray pool's ActorPool
+        if actors is None:
             continue
-        replaced = take()
+        replaced = actors.take_replaced()
         if replaced:
-            run.event(f"{name}_worker_replaced", state.step, count=replaced, total=pool.replaced_total)
-        out[f"{name}/replaced_workers"] = float(pool.replaced_total)
+            run.event(f"{name}_worker_replaced", state.step, count=replaced, total=actors.replaced_total)
+        out[f"{name}/replaced_workers"] = float(actors.replaced_total)
     return out
 
 

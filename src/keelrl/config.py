@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from keelrl.config_load import ConfigError as ConfigError  # re-exported: the error callers catch
 from keelrl.config_load import apply_overrides, read_toml, validate
-from keelrl.guards import GuardsConfig
+from keelrl.guards.rules import GuardsConfig
 
 
 class Section(BaseModel):

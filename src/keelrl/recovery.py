@@ -19,7 +19,8 @@ from torch.distributed.checkpoint import CheckpointException
 from keelrl import checkpoint as ckpt
 from keelrl.config import config_to_dict
 from keelrl.distributed import broadcast_object, is_sharded, save_sharded
-from keelrl.guards import Finding, Guardian
+from keelrl.guards.base import Finding
+from keelrl.guards.engine import Guardian
 from keelrl.models import model_summary, save_hf_dir
 from keelrl.run import GuardStop, Run
 from keelrl.state import TrainState
@@ -162,16 +163,20 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
     target are set aside (renamed `rolled_back-...`), so a crash now cannot resume into the trouble.
     Returns False when no rollback is possible (none left, or no healthy checkpoint): the run then stops."""
     cfg = run.cfg.guards
-    if not run.live.guardian.can_roll_back():
+
+    def refuse(reason: str) -> bool:
         run.event(
             "guard_stop",
             state.step,
             rule=trigger.name,
-            reason=f"guards.max_rollbacks={cfg.max_rollbacks} used up",
+            reason=reason,
             evidence=trigger.evidence,
             message=trigger.message,
         )
         return False
+
+    if not run.live.guardian.can_roll_back():
+        return refuse(f"guards.max_rollbacks={cfg.max_rollbacks} used up")
     if run.saver is not None:
         run.saver.wait()
     collect_saves(run)
@@ -184,15 +189,7 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
                 break
     target = broadcast_object(target, run.world)  # every rank loads the checkpoint rank 0 chose
     if target is None:
-        run.event(
-            "guard_stop",
-            state.step,
-            rule=trigger.name,
-            reason="no healthy checkpoint from before the trouble",
-            evidence=trigger.evidence,
-            message=trigger.message,
-        )
-        return False
+        return refuse("no healthy checkpoint from before the trouble")
     guards = dict(run.live.guardian.state)
     cursor = run.source.state_dict()
     from_step = state.step

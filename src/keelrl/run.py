@@ -25,7 +25,7 @@ from keelrl.config import Config
 from keelrl.curriculum import ProblemSource
 from keelrl.distributed import World, broadcast_object, full_state_dict, is_sharded
 from keelrl.faults import FaultInjector
-from keelrl.guards import Guardian
+from keelrl.guards.engine import Guardian
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, Sink
 from keelrl.rollout import Sampler, SamplingSettings

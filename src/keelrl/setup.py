@@ -23,7 +23,7 @@ from keelrl.config import Config, check_batch_arithmetic, config_to_dict
 from keelrl.curriculum import make_source
 from keelrl.distributed import init_world, wrap_for_training
 from keelrl.faults import FaultInjector
-from keelrl.guards import Guardian
+from keelrl.guards.engine import Guardian
 from keelrl.models import compile_decoder, load_policy
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
@@ -40,15 +40,9 @@ ResumeMode = Literal["auto", "never"]
 # Config keys that may differ between a checkpoint and the config it is resumed with: they do not change
 # what the resumed steps compute (only how long the run is, what is logged, how often things are saved).
 SAFE_TO_CHANGE = (
-    "train.steps",
-    "train.threads",
-    "eval.every_steps",
-    "eval.problems",
-    "eval.batch_size",
-    "eval.at_start",
-    "checkpoint.",
-    "log.",
-)
+    "train.steps", "train.threads", "eval.every_steps", "eval.problems", "eval.batch_size", "eval.at_start",
+    "checkpoint.", "log.",
+)  # fmt: skip
 
 
 def build_optimizer(

@@ -30,7 +30,7 @@ from keelrl.distributed import (
     grad_sync,
     loss_scale,
 )
-from keelrl.guards import check_update
+from keelrl.guards.step import check_update
 from keelrl.rollout import Rollout
 from keelrl.run import Run
 from keelrl.seeds import stable_hash

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from keelrl import guards
 from keelrl.config import load_config
+from keelrl.guards.engine import check, scan
 from keelrl.monitor.doctor import diagnose, load_run, run_doctor
 from keelrl.monitor.run_dir import read_jsonl
 from keelrl.trainer import train
@@ -79,8 +79,8 @@ def test_doctor_on_a_real_tiny_run(smoke_run: Path, capsys: pytest.CaptureFixtur
 
 def test_live_check_agrees_with_the_doctor(smoke_run: Path) -> None:
     history = list(read_jsonl(smoke_run / "metrics.jsonl"))
-    live = {f.name for f in guards.check(history)}
-    ongoing = {f.name for f in guards.scan(history) if f.ongoing}
+    live = {f.name for f in check(history)}
+    ongoing = {f.name for f in scan(history) if f.ongoing}
     assert live == ongoing
 
 

@@ -142,7 +142,7 @@ def test_actors_compile_their_decoder_with_train_compile(local_ray, compile: boo
     """train.compile reaches the actors (compilation itself runs on their first batch)."""
     pool = SamplerPool(MODEL, workers=1, compile=compile, worker=ReportingSamplingWorker)
     try:
-        assert pool.actors.run("decoder_is_compiled", [()], ["check"])[0] == [compile]
+        assert pool.actors.run("decoder_is_compiled", [()], ["check"]) == [compile]
     finally:
         pool.shutdown()
 
@@ -205,10 +205,14 @@ def test_killed_actor_loses_and_repeats_nothing(pool: SamplerPool, deaths: Path)
 
     pool.chunk_size = 0
     pool.update_weights(untied_state_dict(policy).items(), 7)
-    replaced = pool.replaced_total
+    replaced = pool.actors.replaced_total
     got = pool.generate(prompts, SETTINGS, seeds)
     assert len(deaths.read_text().splitlines()) == 1  # an actor really died
-    assert pool.replaced_total == replaced + 1 and pool.take_replaced() == 1 and pool.take_replaced() == 0
+    assert (
+        pool.actors.replaced_total == replaced + 1
+        and pool.actors.take_replaced() == 1
+        and pool.actors.take_replaced() == 0
+    )
     assert got == expected  # every row once, from the weights of version 7
     assert pool.generate(prompts, SETTINGS, seeds) == expected  # the replacement serves the next call
-    assert pool.replaced_total == replaced + 1
+    assert pool.actors.replaced_total == replaced + 1

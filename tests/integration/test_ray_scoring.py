@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from keelrl.config import load_config
-from keelrl.rollout.ray import RayPoolError, ScorerPool, task_factory
+from keelrl.rollout.ray import RayPoolError, ScorerPool
 from keelrl.tasks import Task, get_task
 from keelrl.tasks.base import Score, score_safely
 from keelrl.trainer import train
@@ -73,10 +73,10 @@ def test_pool_scores_like_the_training_process(local_ray, cases) -> None:
     expected, expected_errors = score_safely(task, problems, completions)
     reasons = {s.info["reason"] for s in expected}
     assert {"correct", "wrong_value", "score_error"} <= reasons and len(reasons) >= 4  # every kind is there
-    pool = ScorerPool(task_factory(task), workers=2, chunk_size=16)
+    pool = ScorerPool(functools.partial(get_task, task.name, seed=task.seed), workers=2, chunk_size=16)
     try:
         scores, errors = pool.score(problems, completions)
-        replaced = pool.take_replaced()
+        replaced = pool.actors.take_replaced()
     finally:
         pool.shutdown()
     assert scores == expected  # rewards, correct flags and info, in input order
@@ -114,14 +114,14 @@ def test_killed_actor_loses_and_repeats_nothing(local_ray, tmp_path: Path) -> No
     try:
         scores, _ = pool.score(problems, completions)
         assert len(deaths.read_text().splitlines()) == 1  # an actor really died
-        replaced = pool.take_replaced()
-        assert replaced >= 1 and pool.replaced_total == replaced
+        replaced = pool.actors.take_replaced()
+        assert replaced >= 1 and pool.actors.replaced_total == replaced
         scored = [i for i, s in enumerate(scores) if s.info.get("index") == i]
         failed = [i for i, s in enumerate(scores) if s.info["reason"] == "score_error"]
         assert len(scores) == 300 and sorted(scored + failed) == list(range(300))  # each sample once
         assert scores == expected
         again, _ = pool.score(problems, completions)  # the replacement serves the next call
-        assert again == expected and pool.take_replaced() == 0
+        assert again == expected and pool.actors.take_replaced() == 0
     finally:
         pool.shutdown()
 

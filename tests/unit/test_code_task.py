@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.sandbox import ExecResult, Job, SandboxError
+from keelrl.sandbox.result import ExecResult, Job, SandboxError
 from keelrl.tasks import TaskError, get_task
 from keelrl.tasks.base import THINK_PREFIX, Task
 from keelrl.tasks.code import (

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from keelrl import guards
-from keelrl.guards import Finding, GuardsConfig, check, metric_value, scan, strongest_action
-from keelrl.guards.base import head, robust_z, tail
+from keelrl.guards.base import SEVERITY_RANK, Finding, head, metric_value, robust_z, tail
+from keelrl.guards.engine import check, scan, strongest_action
+from keelrl.guards.rules import RULES, GuardsConfig
 from keelrl.guards.rules.numerics import grad_spike
+from keelrl.guards.rules.process import stalled
 
 CFG = GuardsConfig()
 
@@ -331,11 +332,11 @@ def test_stalled_needs_running_state_and_long_silence() -> None:
     h = healthy(30)
     last = h[-1]["time"]
     t = CFG.stalled
-    f = guards.stalled(h, t, now=last + 600, last_write=last, state="running")
+    f = stalled(h, t, now=last + 600, last_write=last, state="running")
     assert f is not None and f.severity == "critical" and f.evidence["silent_s"] == pytest.approx(600, abs=1)
-    assert guards.stalled(h, t, now=last + 600, last_write=last, state="finished") is None
-    assert guards.stalled(h, t, now=last + 30, last_write=last, state="running") is None  # 15 steps of 2 s
-    assert guards.stalled(h, t, now=last + 600, last_write=last + 590, state="running") is None  # heartbeat
+    assert stalled(h, t, now=last + 600, last_write=last, state="finished") is None
+    assert stalled(h, t, now=last + 30, last_write=last, state="running") is None  # 15 steps of 2 s
+    assert stalled(h, t, now=last + 600, last_write=last + 590, state="running") is None  # heartbeat
 
 
 # ------------------------------------------------------------------------- engine and config
@@ -369,7 +370,7 @@ def test_transient_incident_that_ended_is_downgraded() -> None:
 def test_findings_sorted_most_severe_first() -> None:
     h = set_from(healthy(60), 41, entropy=0.18, groups__no_signal_frac=1.0)
     sev = [f.severity for f in scan(h)]
-    assert sev == sorted(sev, key=lambda s: -guards.SEVERITY_RANK[s])
+    assert sev == sorted(sev, key=lambda s: -SEVERITY_RANK[s])
 
 
 def test_disabled_rule_and_custom_thresholds() -> None:
@@ -403,8 +404,8 @@ def test_config_rejects_unknown_keys_and_bad_actions() -> None:
 
 def test_every_rule_has_a_documented_config_section() -> None:
     # one name per rule: its registry key, its [guards] section, its function, its findings
-    assert all(rule.__name__ == name for name, rule in guards.RULES.items())
-    rules = set(guards.RULES) | {"stalled", "ratio_outlier"}
+    assert all(rule.__name__ == name for name, rule in RULES.items())
+    rules = set(RULES) | {"stalled", "ratio_outlier"}
     assert rules <= set(GuardsConfig.model_fields)  # the trainer may add its own [guards] settings
     for name, fld in GuardsConfig.model_fields.items():
         assert fld.description, f"guards.{name} has no description"
@@ -423,7 +424,7 @@ def test_finding_json_is_plain() -> None:
 
 
 def test_zero_gradient_is_skipped_only_when_advantages_are_not_zero() -> None:
-    from keelrl.guards import check_update
+    from keelrl.guards.step import check_update
 
     cfg = GuardsConfig()
     # every group all-right or all-wrong: rewards vary across the batch, advantages are all 0, and so is the

@@ -21,18 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from keelrl import sandbox as sb
-from keelrl.sandbox import (
-    LEVELS,
-    Job,
-    Sandbox,
-    SandboxError,
-    SandboxLimits,
-    SandboxPool,
-    harness,
-    isolation,
-    result,
-)
+from keelrl.sandbox import harness, isolation, result
+from keelrl.sandbox.execute import Sandbox
+from keelrl.sandbox.pool import SandboxPool
+from keelrl.sandbox.result import LEVELS, Job, SandboxError, SandboxLimits
 
 IS_ROOT = os.geteuid() == 0
 LIMITS = SandboxLimits(wall_s=3.0)
@@ -40,11 +32,11 @@ SHORT = SandboxLimits(wall_s=1.0)
 
 
 def _level_box(level: str) -> Sandbox:
-    why = sb.probe(level)  # type: ignore[arg-type]
+    why = isolation.probe(level)  # type: ignore[arg-type]
     if why is not None:
         pytest.skip(f"isolation {level!r} is not available here: {why}")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sb.SandboxWarning)
+        warnings.simplefilter("ignore", result.SandboxWarning)
         return Sandbox(level, LIMITS)  # type: ignore[arg-type]
 
 
@@ -374,12 +366,12 @@ def test_explicit_unknown_or_unavailable_level_raises(monkeypatch: pytest.Monkey
 
 
 def test_auto_detection_degrades_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    if sb.probe("unshare") is not None and sb.probe("rlimit") is not None:
+    if isolation.probe("unshare") is not None and isolation.probe("rlimit") is not None:
         pytest.skip("neither fallback level works here")
     monkeypatch.setitem(isolation._probe_results, "bwrap", "`bwrap` is not installed (simulated)")
     monkeypatch.setattr(isolation, "_warned", set())
-    with pytest.warns(sb.SandboxWarning, match="simulated"):
-        level = sb.detect_isolation()
+    with pytest.warns(result.SandboxWarning, match="simulated"):
+        level = isolation.detect_isolation()
     assert level in ("unshare", "rlimit")
 
 

@@ -145,9 +145,7 @@ _SAMPLE_STATS = {"reward/mean": "rewards", "format_rate": "formatted", "truncate
 
 
 def problem_metrics(
-    greedy: Sequence[ProblemResult] | None,
-    sampled: Sequence[ProblemResult] | None,
-    ks: Sequence[int] = (),
+    greedy: Sequence[ProblemResult] | None, sampled: Sequence[ProblemResult] | None, ks: Sequence[int] = ()
 ) -> dict[str, np.ndarray]:
     """Per-problem value of every metric ([P] arrays, problems in order); a metric's value is the mean.
     `greedy`: one greedy completion per problem (or None); `sampled`: n samples per problem (or None)."""

@@ -7,24 +7,3 @@ stop). The trainer runs them live; `keelrl doctor` replays them over a finished 
     engine.py    check (live), scan (doctor), Guardian (turns findings into actions, remembers them)
     step.py      check_update: the per-update checks before the optimizer step
 """
-
-from keelrl.guards.base import SEVERITY_RANK, Finding, is_train_record, metric_value
-from keelrl.guards.engine import Guardian, check, scan, strongest_action
-from keelrl.guards.rules import RULES, GuardsConfig
-from keelrl.guards.rules.process import stalled
-from keelrl.guards.step import check_update
-
-__all__ = [
-    "RULES",
-    "SEVERITY_RANK",
-    "Finding",
-    "Guardian",
-    "GuardsConfig",
-    "check",
-    "check_update",
-    "is_train_record",
-    "metric_value",
-    "scan",
-    "stalled",
-    "strongest_action",
-]

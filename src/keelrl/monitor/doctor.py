@@ -1,7 +1,7 @@
 """`keelrl doctor RUN_DIR`: the first pass over a run that a person would otherwise do by reading curves.
 
 It reads what the run directory holds (any file may be missing; a metrics.jsonl alone is enough for the
-metric rules), replays the guards' rules over the whole history (`keelrl.guards.scan`: the same code the
+metric rules), replays the guards' rules over the whole history (`guards.engine.scan`: the same code the
 trainer runs live), adds what only hindsight and the stored traces can tell (a stalled or failed run,
 gibberish, format-only answers, self-verification phrases), and prints the findings most severe first
 with their step ranges, evidence, quoted rollouts and suggestions, or "healthy" with the headline numbers.
@@ -26,15 +26,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from keelrl.guards import (
-    SEVERITY_RANK,
-    Finding,
-    GuardsConfig,
-    is_train_record,
-    metric_value,
-    scan,
-    stalled,
-)
+from keelrl.guards.base import SEVERITY_RANK, Finding, is_train_record, metric_value
+from keelrl.guards.engine import scan
+from keelrl.guards.rules import GuardsConfig
+from keelrl.guards.rules.process import stalled
 from keelrl.monitor.run_dir import RunDir, read_jsonl
 from keelrl.monitor.traces import analyze_traces, attach_samples, format_traces, num, trace_findings
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from keelrl.guards import metric_value
+from keelrl.guards.base import metric_value
 from keelrl.monitor.doctor import Diagnosis, RunData, diagnose, load_run
 
 # (title, metric keys, y-axis label). The order is the page order.

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from keelrl.guards import Finding
+from keelrl.guards.base import Finding
 
 REPETITION_N = 4
 REPETITION_THRESHOLD = 0.5

@@ -28,16 +28,9 @@ if TYPE_CHECKING:
     from keelrl.config import Config
 
 __all__ = [
-    "SAMPLERS",
-    "FinishReason",
-    "Generation",
-    "Rollout",
-    "Sampler",
-    "SamplingSettings",
-    "make_sampler",
-    "render_prompt",
-    "resolve_template",
-]
+    "SAMPLERS", "FinishReason", "Generation", "Rollout", "Sampler", "SamplingSettings", "make_sampler",
+    "render_prompt", "resolve_template",
+]  # fmt: skip
 
 Progress = Callable[[], None] | None
 

@@ -5,8 +5,8 @@ Ray actors, so a cluster's CPUs score and sample while the accelerators train.
 `start_ray`), starts `size` actors of one class, and `run(method, chunks)` keeps every actor busy with up to
 two chunks and returns the results in chunk order.
 
-- `ScorerPool`: each actor builds its own copy of the task with `task_factory(task)`, i.e.
-  `get_task(name, seed=..., **params)` run inside the actor, so only plain data crosses the process boundary.
+- `ScorerPool`: each actor builds its own copy of the task from a picklable recipe (setup.py passes
+  `functools.partial(get_task, name, seed=..., **params)`), so only plain data crosses the process boundary.
   `pool.score(problems, completions)` splits the pairs into chunks of consecutive samples.
 - `SamplerPool` (a `Sampler`, a drop-in for `HFSampler`): each actor builds the policy from the run's
   `ModelConfig` and an `HFSampler` over it with the run's share_prefix / autocast / compile settings, on CPU
@@ -37,7 +37,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -47,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keelrl.config import ConfigError, DistributedConfig, ModelConfig
-from keelrl.tasks import Task, get_task
+from keelrl.tasks import Task
 from keelrl.tasks.base import Score, score_safely
 
 if TYPE_CHECKING:  # torch and transformers load in sampling processes only (scoring actors start faster)
@@ -154,6 +153,7 @@ class ActorPool:
         self.role, self.max_retries, self.prepare = role, max_retries, prepare
         self.on_progress = on_progress if on_progress is not None else lambda: None
         self.replaced_total = 0
+        self.unreported = 0  # replacements not yet counted by `take_replaced`
         self.owns_ray = start_ray(address, ray_cpus or size * actor_cpus)
         self._actor = ray.remote(num_cpus=actor_cpus, max_restarts=0)(actor_cls)
         self._args = args
@@ -185,12 +185,16 @@ class ActorPool:
         if self.prepare is not None:
             self.prepare(self.handles[slot])
         self.replaced_total += 1
+        self.unreported += 1
 
-    def run(
-        self, method: str, chunks: Sequence[tuple[Any, ...]], labels: Sequence[str]
-    ) -> tuple[list[Any], int]:
-        """`actor.<method>(*chunks[i])` for every chunk, spread over the actors: (the results in chunk order,
-        the actors replaced during the call). `labels[i]` names chunk i's data in errors."""
+    def take_replaced(self) -> int:
+        """Actors replaced since the last call (the trainer reports them once per step)."""
+        n, self.unreported = self.unreported, 0
+        return n
+
+    def run(self, method: str, chunks: Sequence[tuple[Any, ...]], labels: Sequence[str]) -> list[Any]:
+        """`actor.<method>(*chunks[i])` for every chunk, spread over the actors: the results in chunk order.
+        `labels[i]` names chunk i's data in errors."""
         ray = import_ray()
         lost_actor = lost_actor_errors(ray)
         results: list[Any] = [None] * len(chunks)
@@ -198,7 +202,6 @@ class ActorPool:
         deaths = [0] * len(chunks)
         pending = deque(range(len(chunks)))
         in_flight: dict[Any, tuple[int, int, Any]] = {}  # result ref -> (chunk, actor slot, actor)
-        replaced = 0
         while pending or in_flight:
             for slot, actor in enumerate(self.handles):
                 queued = sum(1 for _, s, _ in in_flight.values() if s == slot)
@@ -225,31 +228,26 @@ class ActorPool:
                     pending.appendleft(chunk)
                     if self.handles[slot] is actor:  # the first of its chunks to report the death
                         self._replace(slot)
-                        replaced += 1
                     continue
                 assert not written[chunk], f"chunk {chunk} would be written twice"
                 results[chunk], written[chunk] = value, True
         assert all(written)
-        return results, replaced
+        return results
 
-    def call_all(self, method: str, *args: Any) -> int:
-        """`actor.<method>(*args)` on every actor, waiting for all; returns how many actors died and were
-        replaced. A replacement gets `prepare`, not this call, so `prepare` must already bring it to the state
+    def call_all(self, method: str, *args: Any) -> None:
+        """`actor.<method>(*args)` on every actor, waiting for all, replacing those that died. A replacement gets `prepare`, not this call, so `prepare` must already bring it to the state
         this call sets (update what `prepare` reads first)."""
         ray = import_ray()
         lost_actor = lost_actor_errors(ray)
         refs = [
             (slot, actor, getattr(actor, method).remote(*args)) for slot, actor in enumerate(self.handles)
         ]
-        replaced = 0
         for slot, actor, ref in refs:
             try:
                 ray.get(ref)
             except lost_actor:
                 if self.handles[slot] is actor:
                     self._replace(slot)
-                    replaced += 1
-        return replaced
 
     def shutdown(self) -> None:
         """Stop the actors, and Ray itself when the last pool on keelrl's own Ray stops."""
@@ -264,19 +262,6 @@ class ActorPool:
 
 
 # ------------------------------------------------------------------------------------------------- scoring
-
-
-def task_factory(task: Task) -> Callable[[], Task]:
-    """A picklable recipe that rebuilds `task` in another process: `get_task(name, seed=seed, **params)`."""
-    seed, params = getattr(task, "seed", None), getattr(task, "params", None)
-    if seed is None or params is None:
-        raise RayPoolError(
-            f"task {task.name!r} cannot be rebuilt in a Ray worker: it has no `seed` and `params` attributes. "
-            'Give it both (as the shipped tasks have), or set distributed.scorer = "local".'
-        )
-    if hasattr(params, "model_dump"):
-        params = params.model_dump()
-    return functools.partial(get_task, task.name, seed=seed, **dict(params))
 
 
 class ScoringWorker:
@@ -305,11 +290,10 @@ class ScorerPool:
         ray_cpus: int = 0,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
-        """`make_task` runs inside each actor (see `task_factory`); `address` empty starts a local Ray with
+        """`make_task` (a picklable recipe) runs inside each actor; `address` empty starts a local Ray with
         `ray_cpus` CPUs (0: `workers`) unless this process already runs one; `chunk_size` 0 picks one per call;
         `on_progress` is `ActorPool`'s."""
         self.chunk_size = chunk_size
-        self.unreported = 0  # replacements not yet counted by `take_replaced`
         self.actors = ActorPool(
             ScoringWorker,
             (make_task,),
@@ -324,16 +308,6 @@ class ScorerPool:
             on_progress=on_progress,
         )
 
-    @property
-    def replaced_total(self) -> int:
-        """Actors replaced since the pool started."""
-        return self.actors.replaced_total
-
-    def take_replaced(self) -> int:
-        """Actors replaced since the last call (the trainer reports them once per step)."""
-        n, self.unreported = self.unreported, 0
-        return n
-
     def score(self, problems: list[dict[str, Any]], completions: list[str]) -> tuple[list[Score], list[str]]:
         """(scores, checker errors) of `completions[i]` against `problems[i]` on the actors, identical to
         `score_safely` in this process. Replaces actors that die and re-queues their chunks (see the module
@@ -341,7 +315,7 @@ class ScorerPool:
         n = len(problems)
         size = self.chunk_size or max(1, math.ceil(n / (self.actors.size * CHUNKS_PER_WORKER)))
         spans = [(start, min(start + size, n)) for start in range(0, n, size)]
-        results, replaced = self.actors.run(
+        results = self.actors.run(
             "score",
             [(problems[start:end], completions[start:end]) for start, end in spans],
             [f"completions {start}..{end - 1}" for start, end in spans],
@@ -352,7 +326,6 @@ class ScorerPool:
             scores.extend(chunk_scores)
             errors.extend(chunk_errors)
         assert len(scores) == n
-        self.unreported += replaced
         return scores, errors
 
     def shutdown(self) -> None:
@@ -454,7 +427,6 @@ class SamplerPool:
         self.chunk_size = chunk_size
         self._version = -1
         self._weights: Any = None  # object ref of the current weights
-        self.unreported = 0  # replacements not yet counted by `take_replaced`
         self.actors = ActorPool(
             worker,
             (model, share_prefix, autocast, threads, compile),
@@ -475,16 +447,6 @@ class SamplerPool:
     def policy_version(self) -> int:
         return self._version
 
-    @property
-    def replaced_total(self) -> int:
-        """Actors replaced since the pool started."""
-        return self.actors.replaced_total
-
-    def take_replaced(self) -> int:
-        """Actors replaced since the last call (the trainer reports them once per step)."""
-        n, self.unreported = self.unreported, 0
-        return n
-
     def _prepare(self, actor: Any) -> None:
         if self._weights is not None:
             actor.load_weights.remote(self._weights, self._version)
@@ -497,7 +459,7 @@ class SamplerPool:
         ray = import_ray()
         self._weights = ray.put({k: v.detach().cpu() for k, v in dict(weights).items()})
         self._version = version
-        self.unreported += self.actors.call_all("load_weights", self._weights, version)
+        self.actors.call_all("load_weights", self._weights, version)
 
     def generate(
         self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
@@ -516,7 +478,7 @@ class SamplerPool:
         else:
             chunks = group_chunks(prompts, generation_chunks(prompts, 0)[0], self.actors.size)
         labels = [f"{len(rows)} prompts (rows {', '.join(map(str, rows[:3]))}, ...)" for rows in chunks]
-        results, replaced = self.actors.run(
+        results = self.actors.run(
             "generate",
             [
                 ([prompts[i] for i in rows], settings, [seeds[i] for i in rows], self._version)
@@ -524,7 +486,6 @@ class SamplerPool:
             ],
             labels,
         )
-        self.unreported += replaced
         out: list[Generation | None] = [None] * len(prompts)
         for rows, gens in zip(chunks, results):
             for i, gen in zip(rows, gens, strict=True):

@@ -40,6 +40,7 @@ with a warning.
 Layout: result.py (limits, jobs, results, reading the records), isolation.py (the levels: launchers,
 detection, uid leases), harness.py (the program that runs inside; its docstring describes the process
 layout and cleanup), execute.py (`Sandbox`), pool.py (`SandboxPool`).
+Import the names from those modules; this package re-exports nothing.
 
 Results channel and what the harness defends against. C (the process running the code) reports each
 test as a line `<nonce> test <i> <ok> <error>` written to a dedicated pipe (not stdout), where the nonce
@@ -70,37 +71,3 @@ per sandbox, not by one number (no cgroups).
 Entry points must be functions returning built-in data; a class or generator as the answer fails the
 return check by design.
 """
-
-from keelrl.sandbox.execute import Sandbox
-from keelrl.sandbox.isolation import available_levels, detect_isolation, probe, resolve_isolation
-from keelrl.sandbox.pool import SandboxPool, default_workers
-from keelrl.sandbox.result import (
-    LEVELS,
-    STATUSES,
-    ExecResult,
-    IsolationLevel,
-    Job,
-    SandboxError,
-    SandboxLimits,
-    SandboxWarning,
-    Status,
-)
-
-__all__ = [
-    "LEVELS",
-    "STATUSES",
-    "ExecResult",
-    "IsolationLevel",
-    "Job",
-    "Sandbox",
-    "SandboxError",
-    "SandboxLimits",
-    "SandboxPool",
-    "SandboxWarning",
-    "Status",
-    "available_levels",
-    "default_workers",
-    "detect_isolation",
-    "probe",
-    "resolve_isolation",
-]

@@ -41,7 +41,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from keelrl.sandbox import ExecResult, Job, SandboxError, SandboxLimits, SandboxPool
+from keelrl.sandbox.pool import SandboxPool
+from keelrl.sandbox.result import ExecResult, Job, SandboxError, SandboxLimits
 from keelrl.seeds import stable_hash
 from keelrl.tasks import TaskError
 from keelrl.tasks.base import (
