@@ -11,7 +11,8 @@ and skipped (gradient dropped) when one fires.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, fields
 
 import torch
 from transformers import PreTrainedModel
@@ -71,21 +72,11 @@ class TrainBatch:
     is_weights: torch.Tensor | None = None  # [B, T] truncated IS weights, when on
 
     def select(self, idx: torch.Tensor) -> TrainBatch:
+        """Rows `idx`, cut to the longest of them."""
         T = int(self.lengths[idx].max())
-
-        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[idx, :T]
-
+        rows = {f.name: getattr(self, f.name) for f in fields(self)}
         return TrainBatch(
-            self.input_ids[idx, :T],
-            self.attention_mask[idx, :T],
-            self.target_mask[idx, :T],
-            self.sampler_logprobs[idx, :T],
-            self.advantages[idx],
-            self.lengths[idx],
-            cut(self.old_logprobs),
-            cut(self.ref_logprobs),
-            cut(self.is_weights),
+            **{k: t if t is None else t[idx] if t.ndim == 1 else t[idx, :T] for k, t in rows.items()}
         )
 
 
@@ -212,7 +203,7 @@ def update_phase(
     policy = state.policy
     assert run.train_module is not None  # set by setup for every world size
     B = batch.input_ids.shape[0]
-    sums: dict[str, float] = {}
+    sums: Counter[str] = Counter()  # per-pass metrics, averaged over the passes at the end
     ratio_max = 0.0
     skipped = nonfinite = 0
     lr = state.optimizer.param_groups[0]["lr"]
@@ -239,22 +230,19 @@ def update_phase(
                 autocast=cfg.train.autocast,
             )
             ratio_max = max(ratio_max, stats.pop("ratio/max"))
-            for key, value in stats.items():
-                sums[key] = sums.get(key, 0.0) + value
+            sums.update(stats)
             run.faults.corrupt_gradients(state.step + 1, policy)
             grad_norm = agree_on_norm(grad_norm_and_clip(policy, a.grad_clip), world)
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
-            finding = None
-            if run.cfg.guards.enabled:
-                finding = check_update(
-                    run.live.history,
-                    state.step + 1,
-                    stats.get("loss/total", 0.0),
-                    grad_norm,
-                    ratio_max,
-                    advantage_abs_mean,
-                    run.cfg.guards,
-                )
+            sums["grad_norm"] += grad_norm
+            finding = check_update(
+                run.live.history,
+                state.step + 1,
+                stats.get("loss/total", 0.0),
+                grad_norm,
+                ratio_max,
+                advantage_abs_mean,
+                run.cfg.guards,
+            )
             if finding is not None and finding.action == "skip":
                 state.optimizer.zero_grad(set_to_none=True)
                 skipped += 1

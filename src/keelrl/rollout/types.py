@@ -55,17 +55,12 @@ class Rollout:
     advantage: float = 0.0
 
     def to_json(self, step: int) -> dict[str, Any]:
+        """The record `rollouts.jsonl.gz` keeps: what was sampled and scored, without the token lists."""
+        kept = ("problem_index", "problem", "group", "text", "reward", "correct", "info", "finish_reason")
         return {
             "step": step,
-            "problem_index": self.problem_index,
-            "problem": self.problem,
-            "group": self.group,
-            "text": self.text,
-            "reward": self.reward,
-            "correct": self.correct,
+            **{k: getattr(self, k) for k in kept},
             "advantage": round(self.advantage, 6),
-            "info": self.info,
-            "finish_reason": self.finish_reason,
             "completion_tokens": len(self.completion_ids),
             "policy_version": self.policy_version,
             "sampling": asdict(self.sampling),
