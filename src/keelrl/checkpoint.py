@@ -411,10 +411,6 @@ class AsyncCheckpointer:
             self._thread.join()
             self._thread = None
 
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
 
 # ------------------------------------------------------------------------------------------ interval
 

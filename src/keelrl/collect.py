@@ -8,6 +8,7 @@ and scoring go through `episodes.py`, the path the evals use too.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -31,16 +32,13 @@ def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int
     problems = run.source.next_problems(cfg.prompts_per_step if n is None else n)
     per_rank = len(problems) // world.world_size
     mine = list(enumerate(problems))[world.rank * per_rank : (world.rank + 1) * per_rank]
-    G, rollbacks = cfg.rollout.group_size, state.guards.get("rollbacks", 0)
-    refill = ("refill", attempt) if attempt else ()
+    G, refill = cfg.rollout.group_size, ("refill", attempt) if attempt else ()
+    seed = functools.partial(
+        stable_hash, "sample", cfg.train.seed, state.step, state.guards.get("rollbacks", 0)
+    )
     episodes = [
-        Episode(
-            index,
-            problem,
-            group,
-            stable_hash("sample", cfg.train.seed, state.step, rollbacks, group * G + k, *refill),
-        )
-        for group, (index, problem) in mine
+        Episode(i, problem, group, seed(group * G + k, *refill))
+        for group, (i, problem) in mine
         for k in range(G)
     ]
     return generate(run.sampler, run.prompter, episodes, run.settings)

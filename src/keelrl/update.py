@@ -314,17 +314,14 @@ def minibatch_backward(
                 )  # [b, T]
             assert ent is not None
             assert mb.old_logprobs is not None
-            inputs = LossInputs(
-                lp,
-                ent,
-                mb.old_logprobs,
-                mb.advantages,
-                mb.target_mask,
-                token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens),  # [b, T]
-                token_weights(mb.target_mask, "token_mean", g_tokens, g_seqs, max_new_tokens),  # [b, T]
-                mb.ref_logprobs,
-                mb.is_weights,
-            )
+            w = token_weights(
+                mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens
+            )  # [b, T] the loss's
+            mw = token_weights(
+                mb.target_mask, "token_mean", g_tokens, g_seqs, max_new_tokens
+            )  # [b, T] metrics'
+            lp_old, adv, mask = mb.old_logprobs, mb.advantages, mb.target_mask
+            inputs = LossInputs(lp, ent, lp_old, adv, mask, w, mw, mb.ref_logprobs, mb.is_weights)
             loss, stats = OBJECTIVES[a.objective](inputs, a)
             (loss * scale).backward()
         for key, value in stats.items():

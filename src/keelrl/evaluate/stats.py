@@ -18,7 +18,7 @@ once, and one bootstrap over problems gives every interval:
   sampled pass's are also reported as `sampled/reward/mean`, ...
 Intervals (`ci95`) are percentile bootstrap intervals over problems (2000 resamples by default, seeded:
 the same report always gets the same interval). They cover problem-sampling noise; the decoding noise of
-the n samples within a problem is inside each problem's value. `paired_bootstrap` resamples the
+the n samples within a problem is inside each problem's value. a paired comparison resamples the
 per-problem differences of two models together.
 """
 
@@ -219,17 +219,6 @@ def percentile_interval(draws: np.ndarray, level: float = 0.95) -> tuple[np.ndar
     return lo, hi
 
 
-def bootstrap_ci(
-    values: Sequence[float] | np.ndarray,
-    level: float = 0.95,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap interval for the mean of `values` (one value per problem)."""
-    lo, hi = percentile_interval(bootstrap_means(np.asarray(values)[None, :], resamples, seed), level)
-    return float(lo[0]), float(hi[0])
-
-
 def metric_intervals(
     table: Mapping[str, np.ndarray], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
 ) -> dict[str, dict[str, Any]]:
@@ -245,17 +234,3 @@ def metric_intervals(
         n: {"value": float(v), "ci95": [float(min(a, v)), float(max(b, v))]}
         for n, v, a, b in zip(names, values, lo, hi)
     }
-
-
-def paired_bootstrap(
-    a: Sequence[float] | np.ndarray,
-    b: Sequence[float] | np.ndarray,
-    level: float = 0.95,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """(mean of b - a, lo, hi): percentile bootstrap interval of the mean paired difference, resampling
-    problems (pairs) together."""
-    d = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
-    out = metric_intervals({"diff": d}, level, resamples, seed)["diff"]
-    return out["value"], *out["ci95"]
