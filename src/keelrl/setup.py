@@ -72,21 +72,27 @@ def build_optimizer(
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def changed_keys(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = []
+def changed_keys(
+    old: dict[str, Any], new: dict[str, Any], default: dict[str, Any] | None = None, prefix: str = ""
+) -> list[str]:
+    """Dotted keys whose values differ. A key the old config lacks is compared with `default` (the current
+    defaults): a field added since the checkpoint was written is no change while it keeps its default."""
+    keys, default = [], default or {}
     for k in sorted(set(old) | set(new)):
-        a, b = old.get(k), new.get(k)
+        a, b = old.get(k, default.get(k)), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
-            keys.extend(changed_keys(a, b, f"{prefix}{k}."))
+            sub = default.get(k) if isinstance(default.get(k), dict) else None
+            keys.extend(changed_keys(a, b, sub, f"{prefix}{k}."))
         elif a != b:
             keys.append(f"{prefix}{k}")
     return keys
 
 
 def unsafe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The changed keys (see `changed_keys`) that change what a resumed run computes."""
     return [
         k
-        for k in changed_keys(old, new)
+        for k in changed_keys(old, new, config_to_dict(Config()))
         if not any(k == s or (s.endswith(".") and k.startswith(s)) for s in SAFE_TO_CHANGE)
     ]
 
