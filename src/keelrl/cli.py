@@ -18,10 +18,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from keelrl.checkpoint import CheckpointError
     from keelrl.models import ModelLoadError
     from keelrl.monitor.doctor import DoctorError
+    from keelrl.monitor.run_lock import RunLockedError
     from keelrl.tasks import TaskError
     from keelrl.trainer import ResumeError
 
-    return (ConfigError, ModelLoadError, TaskError, ResumeError, CheckpointError, DoctorError)
+    return (ConfigError, ModelLoadError, TaskError, ResumeError, CheckpointError, DoctorError, RunLockedError)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -49,6 +49,7 @@ def save_checkpoint(
     cfg = run.cfg
     on_file = run.faults.before_save(state.step)
     run.heartbeat.beat(force=True, phase="checkpoint")
+    run.run_dir.sync_metrics()
     ckpt_metrics = {k: v for k, v in metrics.items() if k.startswith("eval/")}
     extra = {"metrics": ckpt_metrics, "reason": reason, "snapshot_time": time.time()}
     snap = ckpt.snapshot(

@@ -29,6 +29,7 @@ from keelrl.distributed import World, broadcast_object, full_state_dict, is_shar
 from keelrl.faults import FaultInjector
 from keelrl.guards.engine import Guardian
 from keelrl.monitor.run_dir import RunDir
+from keelrl.monitor.run_lock import RunLock
 from keelrl.monitor.sinks import ConsoleSink, Sink
 from keelrl.rollout import Sampler, SamplingSettings
 from keelrl.rollout.episodes import Prompter
@@ -83,6 +84,7 @@ class Run:
     faults: FaultInjector
     ckpt_policy: ckpt.CheckpointPolicy
     saver: ckpt.AsyncCheckpointer | None
+    lock: RunLock | None = None  # the run directory's lock, when this process holds it (no supervisor)
     scorer: Any = None  # Ray actors scoring rewards (distributed.scorer = "ray"), else None
     console: ConsoleSink | None = None
     sinks: list[Sink] = field(default_factory=list)

@@ -21,11 +21,12 @@ from transformers import PreTrainedModel
 from keelrl import checkpoint as ckpt
 from keelrl.config import Config, check_batch_arithmetic, config_to_dict
 from keelrl.curriculum import make_source
-from keelrl.distributed import init_world, wrap_for_training
+from keelrl.distributed import World, broadcast_object, init_world, wrap_for_training
 from keelrl.faults import FaultInjector
 from keelrl.guards.engine import Guardian
 from keelrl.models import compile_decoder, load_policy
 from keelrl.monitor.run_dir import RunDir
+from keelrl.monitor.run_lock import RunLock, RunLockedError, hold
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
 from keelrl.rollout import SamplingSettings, make_sampler, resolve_template
 from keelrl.rollout.episodes import Prompter
@@ -121,25 +122,26 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         compile_decoder(policy)
     template = resolve_template(cfg.task.template, tokenizer)
     run_dir = RunDir(run_path, writer=world.is_writer)  # created only once the inputs are known to be good
-    sharded = world.world_size > 1 and cfg.distributed.strategy == "fsdp2"
-    # sampling needs whole weights: a copy made before sharding
-    sampler_model = copy.deepcopy(policy) if sharded else policy
-    train_module = wrap_for_training(policy, world, cfg.distributed.strategy)
-    optimizer, scheduler = build_optimizer(cfg, policy)  # after sharding: over the shards
-    ref = None
-    if cfg.algo.kl_coef > 0:
-        ref, _ = load_policy(cfg.model)
-        ref.to(world.device).eval().requires_grad_(False)
-        if cfg.train.compile:
-            compile_decoder(ref)
-    state = TrainState(step=0, policy=policy, optimizer=optimizer, scheduler=scheduler, ref_policy=ref)
-    source = make_source(task, cfg.curriculum, cfg.train.seed)
-    restore_or_start(run_dir, state, resume, config_dict)
-    source.load_state_dict(state.curriculum)
-    live = Live(Guardian(cfg.guards, state.guards), run_dir.metrics())  # every rank: guards decide alike
-    r, c, d = cfg.rollout, cfg.checkpoint, cfg.distributed
+    lock = lock_run_dir(run_dir, world)  # before anything in it is written
     engines: list[Any] = []  # Ray pools started so far: they must not outlive a failed setup
     try:
+        sharded = world.world_size > 1 and cfg.distributed.strategy == "fsdp2"
+        # sampling needs whole weights: a copy made before sharding
+        sampler_model = copy.deepcopy(policy) if sharded else policy
+        train_module = wrap_for_training(policy, world, cfg.distributed.strategy)
+        optimizer, scheduler = build_optimizer(cfg, policy)  # after sharding: over the shards
+        ref = None
+        if cfg.algo.kl_coef > 0:
+            ref, _ = load_policy(cfg.model)
+            ref.to(world.device).eval().requires_grad_(False)
+            if cfg.train.compile:
+                compile_decoder(ref)
+        state = TrainState(step=0, policy=policy, optimizer=optimizer, scheduler=scheduler, ref_policy=ref)
+        source = make_source(task, cfg.curriculum, cfg.train.seed)
+        restore_or_start(run_dir, state, resume, config_dict)
+        source.load_state_dict(state.curriculum)
+        live = Live(Guardian(cfg.guards, state.guards), run_dir.metrics())  # every rank: guards decide alike
+        r, c, d = cfg.rollout, cfg.checkpoint, cfg.distributed
         if d.scorer == "ray":
             engines.append(
                 ScorerPool(
@@ -172,6 +174,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             update_share_prefix=cfg.train.share_prefix and not sharded,
             heartbeat=Heartbeat(run_dir.path, enabled=world.is_writer),
             supervised=os.environ.get(ENV_SUPERVISED) == "1",
+            lock=lock,
             faults=FaultInjector(cfg.faults, run_dir if world.is_writer else None, cfg.train.seed),
             ckpt_policy=ckpt.CheckpointPolicy(
                 c.every_steps, c.every_minutes, c.auto, c.assumed_mtbf_hours * 3600
@@ -187,8 +190,25 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             open_sinks(run, state, config_dict)
     except BaseException:
         shutdown_engines(engines)
+        if lock is not None:
+            lock.release()
         raise
     return run, state
+
+
+def lock_run_dir(run_dir: RunDir, world: World) -> RunLock | None:
+    """The writer rank takes the run directory unless its supervisor holds it for this worker; a refusal
+    reaches every rank, so a torchrun group stops together instead of waiting on rank 0."""
+    lock, refusal = None, None
+    if world.is_writer and os.environ.get(ENV_SUPERVISED) != "1":
+        try:
+            lock = hold(run_dir)
+        except RunLockedError as err:
+            refusal = str(err)
+    refusal = broadcast_object(refusal, world)
+    if refusal is not None:
+        raise RunLockedError(refusal)
+    return lock
 
 
 def shutdown_engines(engines: list[Any]) -> None:
@@ -228,8 +248,10 @@ def restore_or_start(
             f"(Keys that may change on resume: {', '.join(SAFE_TO_CHANGE)})"
         )
     ckpt.load_into(path, state)
-    dropped = run_dir.truncate_after(state.step)
-    run_dir.event("resume", state.step, checkpoint=path.name, dropped_metric_lines=dropped)
+    dropped, torn = run_dir.truncate_after(state.step)
+    run_dir.event(
+        "resume", state.step, checkpoint=path.name, dropped_metric_lines=dropped, torn_metric_lines=torn
+    )
 
 
 def observed_failures(run_dir: RunDir) -> tuple[int, float]:

@@ -20,6 +20,9 @@ Preemption. SIGTERM or SIGINT to the supervisor is forwarded to the worker as SI
 finishes its current step, saves a checkpoint and exits 0 with state "preempted". A second SIGINT/SIGTERM
 kills the worker at once.
 
+The supervisor holds the run directory's lock (monitor/run_lock.py) for all its workers, so a restarted
+worker is never refused and a second trainer on the same directory is refused before it writes anything.
+
 status.json belongs to the supervisor while it runs (state, step, pid, worker_pid, restarts,
 last_checkpoint, last_heartbeat); every restart is an event in events.jsonl with its cause and the steps
 lost. A worker started without a supervisor (`--no-supervisor`, or `keelrl.trainer.train` called from
@@ -41,6 +44,7 @@ from typing import Any
 
 from keelrl.config import SupervisorConfig
 from keelrl.monitor.run_dir import RunDir, atomic_write_text
+from keelrl.monitor.run_lock import hold
 
 HEARTBEAT_FILE = "heartbeat.json"
 WORKER_LOG = "worker.log"
@@ -329,5 +333,9 @@ class Supervisor:
 
 def supervise(worker_argv: list[str], run_path: Path, cfg: SupervisorConfig) -> int:
     """Run `worker_argv` under supervision until it finishes, is stopped, or gives up. Returns an exit code."""
-    run_path.mkdir(parents=True, exist_ok=True)
-    return Supervisor(worker_argv, run_path, cfg).run()
+    supervisor = Supervisor(worker_argv, run_path, cfg)
+    lock = hold(supervisor.run_dir)  # before anything is written: a second trainer is refused here, at once
+    try:
+        return supervisor.run()
+    finally:
+        lock.release()

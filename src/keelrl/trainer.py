@@ -112,6 +112,8 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
         shutdown_engines([run.scorer, run.sampler])
         run.train_module = None  # DDP holds the process group: release it before leaving the group
         close_world()
+        if run.lock is not None:
+            run.lock.release()
     return summary
 
 

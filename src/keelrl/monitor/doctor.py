@@ -31,6 +31,8 @@ from keelrl.guards.engine import scan
 from keelrl.guards.rules import GuardsConfig
 from keelrl.guards.rules.process import stalled
 from keelrl.monitor.run_dir import RunDir, read_jsonl
+from keelrl.monitor.run_lock import describe as describe_lock
+from keelrl.monitor.run_lock import pid_alive
 from keelrl.monitor.traces import analyze_traces, attach_samples, format_traces, num, trace_findings
 
 EXIT_CODES = {"healthy": 0, "warning": 1, "critical": 2}
@@ -104,6 +106,7 @@ def load_run(path: str | Path) -> RunData:
         status=status,
         summary=_read_json(rd.summary_file),
         last_write=max(stamps, default=0.0),
+        notes=[lock] if (lock := describe_lock(p)) else [],
     )
 
 
@@ -217,7 +220,7 @@ def _status_findings(run: RunData, cfg: GuardsConfig, now: float) -> list[Findin
         if f is not None and run.status:
             pid = run.status.get("pid")
             if isinstance(pid, int) and pid > 0:
-                alive = _pid_alive(pid)
+                alive = pid_alive(pid)
                 if alive is not None:
                     f = replace(f, evidence={**f.evidence, "pid": float(pid), "pid_alive": float(alive)})
         if f is not None:
@@ -236,19 +239,6 @@ def _status_findings(run: RunData, cfg: GuardsConfig, now: float) -> list[Findin
             )
         )
     return out
-
-
-def _pid_alive(pid: int) -> bool | None:
-    """Whether a process with this id exists on this machine (signal 0 sends nothing). None if unknown."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return None
-    return True
 
 
 def diagnose(run: RunData, cfg: GuardsConfig | None = None, now: float | None = None) -> Diagnosis:

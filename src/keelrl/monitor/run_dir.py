@@ -8,6 +8,7 @@
     checkpoints/         step_XXXXXXXX/ directories and a `latest` symlink
     final/               the final policy as a standard HF directory
     summary.json         written at the end
+    lock, lock.json      one trainer at a time (monitor/run_lock.py)
 
 Only the writer (rank 0) writes. Small files are replaced atomically (write to a temporary file, fsync,
 rename), so a reader never sees half a status or summary.
@@ -49,23 +50,30 @@ def dumps(obj: Any) -> str:
     return json.dumps(_clean(obj), allow_nan=False, default=str)
 
 
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Records of a JSON-lines file; a torn last line (a writer killed mid-write) is skipped."""
+def _jsonl_records(path: Path) -> Iterator[dict[str, Any] | None]:
+    """Each line of a JSON-lines file parsed; None for a line that is not a JSON object (torn by a writer
+    killed mid-write, or by a power loss: only the tail can be)."""
     if not path.exists():
         return
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt") as f:
+        with opener(path, "rt", errors="replace") as f:
             for line in f:
                 line = line.strip()
                 if not line:
                     continue
                 try:
-                    yield json.loads(line)
+                    record = json.loads(line)
                 except json.JSONDecodeError:
-                    continue
+                    record = None
+                yield record if isinstance(record, dict) else None
     except (EOFError, gzip.BadGzipFile):
         return  # a gzip member cut short by a kill: everything before it was yielded
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSON-lines file; a torn line is skipped."""
+    return (r for r in _jsonl_records(path) if r is not None)
 
 
 class RunDir:
@@ -153,19 +161,20 @@ class RunDir:
         if self.writer:
             atomic_write_text(self.summary_file, json.dumps(_clean(summary), indent=2) + "\n")
 
-    def truncate_after(self, step: int) -> int:
-        """Drop metrics and rollouts recorded for steps after `step` (they will be redone on resume).
-        Returns how many metric lines were dropped."""
+    def truncate_after(self, step: int) -> tuple[int, int]:
+        """Drop metrics and rollouts recorded for steps after `step` (they will be redone on resume), and
+        torn metric lines. Returns (metric lines dropped, how many of them were torn)."""
         if not self.writer:
-            return 0
-        dropped = 0
+            return 0, 0
+        dropped = torn = 0
         if self.metrics_file.exists():
             kept = []
-            for rec in read_jsonl(self.metrics_file):
-                if int(rec.get("step", -1)) <= step:
+            for rec in _jsonl_records(self.metrics_file):
+                if rec is not None and int(rec.get("step", -1)) <= step:
                     kept.append(rec)
                 else:
                     dropped += 1
+                    torn += rec is None
             atomic_write_text(self.metrics_file, "".join(dumps(r) + "\n" for r in kept))
         if self.rollouts_file.exists():
             kept_r = [r for r in read_jsonl(self.rollouts_file) if int(r.get("step", -1)) <= step]
@@ -174,7 +183,14 @@ class RunDir:
                 for r in kept_r:
                     f.write(dumps(r) + "\n")
             os.replace(tmp, self.rollouts_file)
-        return dropped
+        return dropped, torn
+
+    def sync_metrics(self) -> None:
+        """fsync metrics.jsonl. Called before a checkpoint commits, so a checkpoint that survives a power loss
+        has every metric line up to its step: a torn line is then always a step the resume redoes."""
+        if self.writer and self.metrics_file.exists():
+            with open(self.metrics_file, "rb") as f:
+                os.fsync(f.fileno())
 
     def metrics(self) -> list[dict[str, Any]]:
         return list(read_jsonl(self.metrics_file))
