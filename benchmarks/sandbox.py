@@ -3,8 +3,9 @@
     python benchmarks/sandbox.py [--workers 2] [--trivial 120] [--typical 2] [--latency 40]
 
 - `executions_per_s`: a `SandboxPool(workers)` runs a batch of jobs, wall clock. "trivial" is a one-line
-  function and one test; "typical" is the shipped problem set's reference solutions with their tests
-  (4-7 per problem, a realistic mix of easy to hard), the set repeated `--typical` times.
+  function and one call; "typical" is the shipped problem set's reference solutions called on their
+  cases (4-7 per problem, a realistic mix of easy to hard), the set repeated `--typical` times; every
+  answer is judged (keelrl.sandbox.judge) and must pass.
 - `latency_ms`: one `Sandbox.run` at a time (median and p90), and the same for plain
   `subprocess.run([sys.executable, "-c", code])` (the interpreter keelrl runs in, site-packages and all)
   and for `python -I -S -c` (the flags the sandbox uses, so the isolation cost is separated from
@@ -33,15 +34,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from keelrl.sandbox.execute import Sandbox
 from keelrl.sandbox.isolation import available_levels
+from keelrl.sandbox.judge import calls_of, judge
 from keelrl.sandbox.pool import SandboxPool
 from keelrl.sandbox.result import Job, SandboxWarning
 from keelrl.tasks.code import load_problems, shipped_problems_path
 
-TRIVIAL = Job("def f(x):\n    return x\n", ["assert f(1) == 1"], "f")
-
-
-def trivial_script() -> str:
-    return TRIVIAL.code + "\n" + "\n".join(TRIVIAL.tests) + "\n"
+TRIVIAL = Job("def f(x):\n    return x\n", "f", ["1"])
+TRIVIAL_SCRIPT = TRIVIAL.code + "assert f(1) == 1\n"  # the same work without a sandbox
 
 
 def cpu_seconds() -> float:
@@ -50,13 +49,16 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def pool_rate(level: str, workers: int, jobs: list[Job]) -> dict[str, float]:
+def pool_rate(level: str, workers: int, jobs: list[tuple[Job, list[dict]]]) -> dict[str, float]:
     with SandboxPool(workers, isolation=level) as pool:  # type: ignore[arg-type]
-        pool.run_many(jobs[: 2 * workers])  # warm-up
+        pool.run_many([job for job, _ in jobs[: 2 * workers]])  # warm-up
         t0, c0 = time.perf_counter(), cpu_seconds()
-        results = pool.run_many(jobs)
+        results = [
+            judge(cases, r, job.entry_point or "")
+            for (job, cases), r in zip(jobs, pool.run_many(j for j, _ in jobs))
+        ]
         elapsed, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-    bad = [r.status for r in results if r.status != "ok"]
+    bad = [f"{v.reason}: {v.detail}" for v in results if not v.ok]
     if bad:
         raise RuntimeError(f"benchmark jobs failed under {level}: {bad[:5]}")
     cores = len(os.sched_getaffinity(0))
@@ -95,9 +97,10 @@ def main() -> None:
     warnings.simplefilter("ignore", SandboxWarning)
 
     problems = load_problems(shipped_problems_path())
-    typical = [Job(p["reference"], p["tests"], p["entry_point"]) for p in problems] * args.typical
-    trivial = [TRIVIAL] * args.trivial
-    script = trivial_script()
+    typical = [(Job(p["reference"], p["entry_point"], calls_of(p["tests"])), p["tests"]) for p in problems]
+    typical *= args.typical
+    trivial = [(TRIVIAL, [{"args": "1", "expected": 1}])] * args.trivial
+    script = TRIVIAL_SCRIPT
     plain = {
         "python -c": latency(lambda: plain_run([sys.executable, "-c", script]), args.latency),
         "python -I -S -c": latency(
@@ -113,7 +116,7 @@ def main() -> None:
     for level in available_levels():
         with Sandbox(level) as box:  # type: ignore[arg-type]
             lat = latency(
-                lambda box=box: box.run(TRIVIAL.code, TRIVIAL.tests, TRIVIAL.entry_point), args.latency
+                lambda box=box: box.run(TRIVIAL.code, TRIVIAL.entry_point, TRIVIAL.calls), args.latency
             )
         levels[level] = {
             "uid_separation": Sandbox(level).uid is not None,  # type: ignore[arg-type]
@@ -138,7 +141,7 @@ def main() -> None:
         },
         "workers": args.workers,
         "typical_jobs": f"{len(problems)} shipped reference solutions x {args.typical}, "
-        f"{sum(len(p['tests']) for p in problems)} tests per pass",
+        f"{sum(len(p['tests']) for p in problems)} cases per pass",
         "plain_subprocess": {"latency_ms": plain, "trivial_per_s": round(plain_rate, 1)},
         "levels": levels,
     }

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from keelrl.sandbox.judge import calls_of, judge
 from keelrl.sandbox.result import ExecResult, Job, SandboxError
 from keelrl.tasks import TaskError, get_task
 from keelrl.tasks.base import THINK_PREFIX, Task
@@ -41,15 +42,19 @@ def test_shipped_set_shape() -> None:
         assert p["entry_point"] in p["prompt"], p["id"]
 
 
-def test_every_reference_solution_passes_and_no_test_set_is_vacuous() -> None:
+def _verdicts(solutions: list[str]) -> list:
     pool = shared_pool("auto", 0)
-    refs = pool.run_many([Job(p["reference"], p["tests"], p["entry_point"]) for p in SHIPPED])
-    failed = {p["id"]: f"{r.status}: {r.detail}" for p, r in zip(SHIPPED, refs) if r.status != "ok"}
-    assert failed == {}, f"reference solutions failing under {refs[0].isolation}: {failed}"
-    # a solution that returns None (or a constant) must fail at least one test of every problem
+    jobs = [Job(code, p["entry_point"], calls_of(p["tests"])) for code, p in zip(solutions, SHIPPED)]
+    return [judge(p["tests"], r, p["entry_point"]) for p, r in zip(SHIPPED, pool.run_many(jobs))]
+
+
+def test_every_reference_solution_passes_and_no_test_set_is_vacuous() -> None:
+    verdicts = _verdicts([p["reference"] for p in SHIPPED])
+    failed = {p["id"]: f"{v.reason}: {v.detail}" for p, v in zip(SHIPPED, verdicts) if not v.ok}
+    assert failed == {}, f"reference solutions failing: {failed}"
+    # a solution that returns None (or a constant) must fail at least one case of every problem
     stubs = [f"def {p['entry_point']}(*args, **kwargs):\n    return None\n" for p in SHIPPED]
-    stub_results = pool.run_many([Job(s, p["tests"], p["entry_point"]) for s, p in zip(stubs, SHIPPED)])
-    vacuous = [p["id"] for p, r in zip(SHIPPED, stub_results) if r.status == "ok"]
+    vacuous = [p["id"] for p, v in zip(SHIPPED, _verdicts(stubs)) if v.ok]
     assert vacuous == []
 
 
@@ -181,12 +186,13 @@ def test_score_many_matches_score() -> None:
 
 def test_a_broken_sandbox_stops_scoring() -> None:
     task = CodeTask()
-    broken = ExecResult("sandbox_error", 0, 3, 0.0, "rlimit", detail="launcher missing")
+    p = _problem("clamp")
+    broken = ExecResult("sandbox_error", len(p["tests"]), 0.0, "rlimit", detail="launcher missing")
     for _ in range(MAX_CONSECUTIVE_SANDBOX_ERRORS - 1):
-        score = task._score_result(broken)
+        score = task._score_result(p, broken)
         assert (score.reward, score.correct, score.info["reason"]) == (0.1, False, "sandbox_error")
     with pytest.raises(SandboxError, match="failed 20 times in a row"):
-        task._score_result(broken)
+        task._score_result(p, broken)
 
 
 # ------------------------------------------------------------------------------------- problem files
@@ -230,6 +236,24 @@ def test_user_problem_file_round_trip(tmp_path: Path) -> None:
         ([{**GOOD, "solution": "x"}], r"line 1: field `solution`: unknown field"),
         ([{**GOOD, "reference": "def double(x) return"}], r"line 1: field `reference`: is not valid Python"),
         ([[1, 2]], r"line 1: expected a JSON object, got list"),
+        (
+            [{**GOOD, "tests": ["r = double(2)\nassert r == 4"]}],
+            r"line 1: field `tests\[0\]`: .* is not of the form `assert double\(...\) == <literal>`.*write it as a case",
+        ),
+        (
+            [{**GOOD, "tests": ["assert len(double('ab')) == 4"]}],
+            r"field `tests\[0\]`: .* is not of the form",
+        ),
+        (
+            [{**GOOD, "tests": [{"args": "2"}]}],
+            r"field `tests\[0\]`: give exactly one of `expected` and `raises`",
+        ),
+        (
+            [{**GOOD, "tests": [{"args": "2", "raises": "Oops"}]}],
+            r"`raises` 'Oops' is not a built-in exception",
+        ),
+        ([{**GOOD, "tests": [{"args": "2,,", "expected": 4}]}], r"`args` is not valid Python arguments"),
+        ([{**GOOD, "tests": [{"args": "2", "expected": 4, "view": "sum"}]}], r"`view` must be one of len"),
         ([""], r"holds no problems"),
     ],
     ids=[
@@ -243,6 +267,12 @@ def test_user_problem_file_round_trip(tmp_path: Path) -> None:
         "unknown",
         "ref",
         "array",
+        "statement",
+        "not-the-entry-call",
+        "case-neither",
+        "case-raises",
+        "case-args",
+        "case-view",
         "empty",
     ],
 )
@@ -252,9 +282,123 @@ def test_problem_file_errors_name_line_and_field(tmp_path: Path, rows: list, mes
         get_task("code", problems_file=str(path))
 
 
+def test_assert_tests_become_cases_judged_strictly(tmp_path: Path) -> None:
+    rows = [
+        {**GOOD, "id": f"even-{i}", "entry_point": "even", "prompt": "Write `even(n)`.",
+         "tests": ["assert even(2) is True", "assert even(n=3) == False", {"args": "'x'", "raises": "TypeError"}]}
+        for i in range(8)
+    ]  # fmt: skip
+    task = get_task("code", problems_file=str(_write(tmp_path / "even.jsonl", rows)), test_fraction=0.3)
+    p = task.problem("test", 0)
+    assert p["tests"][:2] == [{"args": "2", "expected": True}, {"args": "n=3", "expected": False}]
+    right = (
+        "def even(n):\n    if not isinstance(n, int):\n        raise TypeError(n)\n    return n % 2 == 0\n"
+    )
+    assert task.score(p, fenced(right)).correct
+    ints = task.score(
+        p, fenced("def even(n):\n    return 1 - n % 2\n")
+    )  # 1 == True, but not `is True` (and `"x" % 2` raises the TypeError)
+    assert (ints.correct, ints.info["passed"], ints.info["reason"]) == (False, 1, "wrong_answer"), ints
+    assert "case 0 `even(2)`: expected true, returned 1" in ints.info["detail"]
+
+
 def test_missing_file_and_empty_split_are_clear(tmp_path: Path) -> None:
     with pytest.raises(TaskError, match="cannot read problems file"):
         get_task("code", problems_file=str(tmp_path / "nope.jsonl"))
     one = _write(tmp_path / "one.jsonl", [GOOD])
     with pytest.raises(TaskError, match=r"split of .* is empty"):
         get_task("code", problems_file=str(one))
+
+
+# ------------------------------------------------------------------------------------- reward hacking
+# Each completion below is WRONG (it does not solve its problem) and scored 1.0 when the tests ran in
+# the solution's process. The judge now compares plain-data answers outside the sandbox.
+
+SHADOW_HACKS = {
+    "hamming_distance": (  # the length check is missing; `except ValueError` in a test caught anything
+        "ValueError = AssertionError\n"
+        "def hamming_distance(a, b):\n    return sum(1 for x, y in zip(a, b) if x != y)\n"
+    ),
+    "primes_below": (  # right for small n only; the tests' `len` was the solution's
+        "def len(x):\n    return 78498\n"
+        "def primes_below(n):\n    return [p for p in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29) if p < n]\n"
+    ),
+    "pascal_row": (  # rows 0..5 from a table; the tests' `sum` was the solution's
+        "def sum(xs, start=0):\n    return 2 ** 20\n"
+        "def pascal_row(n):\n    return {0: [1], 3: [1, 3, 3, 1], 5: [1, 5, 10, 10, 5, 1]}.get(n, [])\n"
+    ),
+}
+
+WRONG_CLAMP = "def clamp(value, low, high):\n    return value\n"
+
+
+def answer_key_hack(path: Path) -> str:
+    """Reads the problems file and runs the reference solution it holds."""
+    return (
+        "import json\n"
+        "try:\n"
+        f"    for line in open({str(path)!r}):\n"
+        "        p = json.loads(line)\n"
+        "        if p['entry_point'] == 'clamp':\n"
+        "            exec(p['reference'])\n"
+        "except OSError:\n"
+        "    pass\n"
+        "if 'clamp' not in globals():\n" + "".join("    " + ln + "\n" for ln in WRONG_CLAMP.splitlines())
+    )
+
+
+INTROSPECTION_HACKS = {
+    # rewrite the harness's list of tests from the frame that runs the solution
+    "frame": (
+        "import sys\n"
+        "frame = sys._getframe(1)\n"
+        "while frame is not None:\n"
+        "    job = frame.f_locals.get('job')\n"
+        "    if isinstance(job, dict):\n"
+        "        for key in ('tests', 'calls'):\n"
+        "            if key in job:\n"
+        "                job[key] = ['pass'] * len(job[key])\n"
+        "    frame = frame.f_back\n" + WRONG_CLAMP
+    ),
+    # find the job through the garbage collector and forge every result record with its nonce
+    "gc": (
+        "import gc, os\n"
+        "for obj in gc.get_objects():\n"
+        "    if isinstance(obj, dict) and 'nonce' in obj and 'fd' in obj:\n"
+        "        n = len(obj.get('tests') or obj.get('calls') or ())\n"
+        "        lines = [f\"{obj['nonce']} test {i} 1\\n\" for i in range(n)]\n"
+        "        lines += [f\"{obj['nonce']} answer {i} value 0\\n\" for i in range(n)]\n"
+        "        os.write(obj['fd'], ''.join(lines).encode())\n" + WRONG_CLAMP
+    ),
+}
+
+
+@pytest.mark.parametrize("pid", sorted(SHADOW_HACKS))
+def test_shadowing_names_the_tests_use_does_not_pass(pid: str) -> None:
+    task = CodeTask(timeout_s=5.0)
+    p = _problem(pid)
+    hacked = task.score(p, fenced(SHADOW_HACKS[pid]))
+    assert not hacked.correct and hacked.reward < 1.0, hacked
+    right = task.score(p, fenced(p["reference"]))
+    assert (right.reward, right.correct) == (1.0, True), right
+
+
+def test_the_answer_key_is_not_readable_from_the_sandbox(tmp_path: Path) -> None:
+    task = CodeTask(timeout_s=5.0)
+    p = _problem("clamp")
+    for path in {
+        shipped_problems_path().resolve(),
+        Path(__file__).resolve().parents[2] / "src/keelrl/data/code_problems.jsonl",
+    }:
+        hacked = task.score(p, fenced(answer_key_hack(path)))
+        assert not hacked.correct and hacked.reward < 1.0, (path, hacked)
+    assert task.score(p, fenced(p["reference"])).correct
+
+
+@pytest.mark.parametrize("how", sorted(INTROSPECTION_HACKS))
+def test_introspection_cannot_rewrite_or_forge_results(how: str) -> None:
+    task = CodeTask(timeout_s=5.0)
+    p = _problem("clamp")
+    hacked = task.score(p, fenced(INTROSPECTION_HACKS[how]))
+    assert not hacked.correct and hacked.reward < 1.0, hacked
+    assert task.score(p, fenced(p["reference"])).correct

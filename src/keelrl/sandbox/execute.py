@@ -1,6 +1,7 @@
 """`Sandbox`: one slot that runs one execution at a time: it starts the level's launcher with the harness
-(harness.py, passed as source to `python -I -S -B -c`), feeds it the job, enforces the wall clock and the
-output cap, kills what is left, and reads the records into an `ExecResult`."""
+(harness.py, passed as source to `python -I -S -B -c`), feeds it the job (the code, the entry point, the
+calls' arguments: never an expected output), enforces the wall clock and the output cap, kills what is
+left, and reads the records into an `ExecResult`."""
 
 from __future__ import annotations
 
@@ -22,14 +23,15 @@ from keelrl.sandbox.isolation import (
     LAUNCHERS,
     SAFE_PATH,
     IsolationRequest,
+    hidden_in,
     interpreter,
     lease_slot,
     logger,
-    prefix_of,
     resolve_isolation,
+    root_layout,
     sweep_uid,
 )
-from keelrl.sandbox.result import ExecResult, IsolationLevel, SandboxLimits, interpret
+from keelrl.sandbox.result import Call, ExecResult, IsolationLevel, SandboxLimits, as_calls, interpret
 
 _HARNESS = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
 
@@ -39,6 +41,8 @@ class Sandbox:
 
     isolation: "auto" (strongest available, with a warning when below bwrap) or a level, which must work.
     limits: default limits for `run`. python: interpreter for the code (default: the trainer's own).
+    hide: files or directories the code must not read even where the sandbox's root would show them (an
+    answer key under the interpreter's prefix); bwrap and unshare cover them, rlimit cannot.
     """
 
     def __init__(
@@ -46,13 +50,16 @@ class Sandbox:
         isolation: IsolationRequest = "auto",
         limits: SandboxLimits | None = None,
         python: str | None = None,
+        hide: Sequence[str] = (),
         *,
         _probing: bool = False,
     ) -> None:
         self.level: IsolationLevel = isolation if _probing else resolve_isolation(isolation)  # type: ignore[assignment]
         self.limits = limits or SandboxLimits()
         self.python = os.path.realpath(python) if python else interpreter()
-        self._lease, self.python, self._hidden = lease_slot(self.level, self.python)
+        self._lease, self.python = lease_slot(self.level, self.python)
+        self._layout = root_layout(self.python)
+        self._hide = hidden_in(self._layout, hide)
         self._host_pidns = os.readlink("/proc/self/ns/pid")
 
     @property
@@ -76,13 +83,14 @@ class Sandbox:
     def run(
         self,
         code: str,
-        tests: Sequence[str] = (),
         entry_point: str | None = None,
+        calls: Sequence[Call | str] = (),
         limits: SandboxLimits | None = None,
     ) -> ExecResult:
-        """Execute `code`, then each statement of `tests` in its namespace; never raises on anything the
-        code does. When `entry_point` is given, its return values must be built-in data."""
+        """Execute `code`, then call `entry_point` once per call and report each answer (JSON) or the
+        exception it raised; never raises on anything the code does. Judging is `judge.py`'s."""
         lim = limits or self.limits
+        todo = as_calls(calls)
         nonce, exec_id = secrets.token_hex(16), secrets.token_hex(6)
         host_work = tempfile.mkdtemp(prefix="keelrl-sandbox-") if self.level == "rlimit" else None
         work = host_work or "/tmp/work"
@@ -93,12 +101,13 @@ class Sandbox:
             "work": work,
             "host_pidns": self._host_pidns,
             "parent_pid": os.getpid(),
-            "hidden": self._hidden,
-            "prefix": prefix_of(self.python),
+            "layout": self._layout,
+            "hide": self._hide,
             "tmp_bytes": lim.tmp_mb << 20,
             "code": code,
-            "tests": list(tests),
             "entry_point": entry_point,
+            "calls": [(c.args, c.show_args) for c in todo],
+            "answer_bytes": lim.answer_bytes,
             "limits": {
                 "cpu_s": lim.cpu_seconds,
                 "memory_bytes": lim.memory_mb << 20,
@@ -109,7 +118,7 @@ class Sandbox:
         env = {"PATH": SAFE_PATH, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
         r_fd, w_fd = os.pipe()
         job["fd"] = w_fd
-        launcher = LAUNCHERS[self.level](lim, self.python, self._hidden)
+        launcher = LAUNCHERS[self.level](lim, self.python, self._hide)
         argv = [*launcher, self.python, "-I", "-S", "-B", "-c", _HARNESS, "keelrl-sandbox", exec_id]
         t0 = time.perf_counter()
         try:
@@ -129,12 +138,12 @@ class Sandbox:
             if host_work:
                 shutil.rmtree(host_work, ignore_errors=True)
             return ExecResult(
-                "sandbox_error", 0, len(tests), 0.0, self.level, detail=f"cannot start {argv[0]}: {err}"
+                "sandbox_error", len(todo), 0.0, self.level, detail=f"cannot start {argv[0]}: {err}"
             )
         os.close(w_fd)
         stopped: str | None = "error"  # until _drive returns
         try:
-            res_cap = 600 * (len(job["tests"]) + 8)  # a record is at most ~550 bytes
+            res_cap = lim.answer_bytes + 600 * (len(todo) + 8)  # the answers' JSON, other records ~550 bytes
             out, err, res, stopped = self._drive(
                 proc, marshal.dumps(job), r_fd, t0 + lim.wall_s, lim, res_cap
             )
@@ -169,7 +178,7 @@ class Sandbox:
                 shutil.rmtree(host_work, ignore_errors=True)
         wall = time.perf_counter() - t0
         return interpret(
-            nonce, res, out, err, stopped, list(tests), lim, wall, self.level, exec_id, proc.returncode
+            nonce, res, out, err, stopped, len(todo), lim, wall, self.level, exec_id, proc.returncode
         )
 
     def _drive(

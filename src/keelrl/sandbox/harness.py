@@ -1,9 +1,12 @@
-"""The trusted harness that runs inside the sandbox: stdlib only, never imports keelrl.
+"""The harness that runs inside the sandbox: stdlib only, never imports keelrl.
 
 `Sandbox.run` passes this file's source to `python -I -S -B -c` inside the launcher (bwrap / unshare /
-nothing) and the job (marshal) on stdin. H (this process) is trusted; C (forked) runs the model's code.
-Everything C uses after the solution has run is captured in locals first. Tests import this module to
-call its functions in-process; importing it runs nothing.
+nothing) and the job (marshal) on stdin. H (this process) sets the sandbox up; C (forked) runs the
+model's code, then calls its entry point on each call's arguments and reports each answer as JSON (or
+the exception it raised). C shares its interpreter with the model's code, so nothing C reports is
+trusted beyond "this is what the code gave": C holds no expected output and decides nothing; the judge
+(judge.py) compares, in the trainer's process. Tests import this module to call its functions
+in-process; importing it runs nothing.
 
 Process layout and cleanup. H reads the job from stdin, sets up mounts and the work directory, and forks
 C, which sets the limits, drops to the slot's uid, and runs the solution and the tests. When C exits, H
@@ -34,8 +37,13 @@ def _main():
     fd, nonce, level, uid, work = job["fd"], job["nonce"], job["level"], job["uid"], job["work"]
     write, exit_now = os.write, os._exit
 
+    def emit(line):
+        data = ("%s %s\n" % (nonce, line)).encode("utf-8", "replace")
+        while data:
+            data = data[write(fd, data) :]
+
     def record(kind, text=""):
-        write(fd, ("%s %s %s\n" % (nonce, kind, text.replace("\n", " ")[:500])).encode("utf-8", "replace"))
+        emit("%s %s" % (kind, text.replace("\n", " ")[:500]))
 
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
@@ -49,7 +57,7 @@ def _main():
         if level != "rlimit" and os.readlink("/proc/self/ns/pid") == job["host_pidns"]:
             raise RuntimeError("expected a private PID namespace")
         if level == "unshare":
-            _private_mounts(libc, job, ctypes)
+            _private_root(libc, job, ctypes)
         if level == "rlimit":
             # die with the trainer (PR_SET_PDEATHSIG), collect C's orphans (PR_SET_CHILD_SUBREAPER)
             if libc.prctl(1, 9, 0, 0, 0) != 0 or os.getppid() != job["parent_pid"]:
@@ -68,7 +76,7 @@ def _main():
     if child == 0:
         code = 71
         try:
-            _child(job, record, libc, resource)
+            _child(job, record, emit, libc, resource)
             code = 0
         finally:
             exit_now(code)
@@ -87,16 +95,18 @@ def _main():
     exit_now(0)
 
 
-def _private_mounts(libc, job, ctypes):
-    # unshare level: H is root in a private mount namespace. Make every mount read-only, then put fresh
-    # tmpfs on the writable places, and, when the interpreter sits under a directory the sandbox uid
-    # cannot enter, cover that directory with a tmpfs holding only the interpreter's prefix (read-only).
+def _private_root(libc, job, ctypes):
+    # unshare level: H is root in a private mount namespace. Build a new root on a tmpfs holding only
+    # `job["layout"]` (the system's programs and libraries, /etc, the interpreter's prefix: read-only
+    # binds or symlinks), a few devices, /proc and fresh tmpfs on /tmp and /dev/shm, cover the paths in
+    # `job["hide"]`, then pivot into it and detach the old root: no host socket, run directory or data
+    # file outside the layout exists in there (the same root bwrap builds).
     def check(ret, what):
         if ret != 0:
             e = ctypes.get_errno()
             raise OSError(e, "%s: %s" % (what, os.strerror(e)))
 
-    def mount(src, target, fstype, flags, data):
+    def mount(src, target, fstype, flags, data=None):
         def enc(s):
             return None if s is None else s.encode()
 
@@ -108,34 +118,47 @@ def _private_mounts(libc, job, ctypes):
     class MountAttr(ctypes.Structure):
         _fields_ = [("set", u64), ("clr", u64), ("prop", u64), ("userns", u64)]  # noqa: RUF012
 
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+    MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+    pivot_root = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine)
+    if pivot_root is None:
+        raise OSError("no pivot_root syscall number known for %s" % os.uname().machine)
+    new = "/tmp"
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    for path, link in job["layout"]:
+        os.makedirs(os.path.dirname(new + path), 0o755, exist_ok=True)
+        if link is not None:
+            os.symlink(link, new + path)
+        else:
+            os.makedirs(new + path, 0o755, exist_ok=True)
+            mount(path, new + path, None, MS_BIND | MS_REC)
+    for place in ("/dev", "/dev/shm", "/proc", "/tmp"):
+        os.makedirs(new + place, 0o755, exist_ok=True)
+    for dev in ("null", "zero", "full", "random", "urandom"):
+        os.close(os.open(new + "/dev/" + dev, os.O_CREAT | os.O_WRONLY, 0o644))
+        mount("/dev/" + dev, new + "/dev/" + dev, None, MS_BIND)
+    mount("/proc", new + "/proc", None, MS_BIND | MS_REC)
+    for path in job["hide"]:
+        if os.path.isdir(new + path):
+            mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV, "size=4096,mode=755")
+        elif os.path.exists(new + path):
+            mount("/dev/null", new + path, None, MS_BIND)
     attr = MountAttr(1, 0, 0, 0)  # MOUNT_ATTR_RDONLY
     libc.syscall.restype = ctypes.c_long
     at_recursive, size = ctypes.c_uint(0x8000), ctypes.c_size_t(ctypes.sizeof(attr))
-    ret = libc.syscall(ctypes.c_long(442), ctypes.c_int(-100), b"/", at_recursive, ctypes.byref(attr), size)
-    check(ret, "mount_setattr(/, read-only)")  # syscall 442: mount_setattr; -100: AT_FDCWD
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=755" % job["tmp_bytes"])
-    for small in ("/var/tmp", "/dev/shm"):
-        if os.path.isdir(small):
-            mount("tmpfs", small, "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,mode=755")
-    hidden, prefix = job["hidden"], job["prefix"]
-    if hidden:
-        stage = "/tmp/.keelrl-prefix"
-        os.mkdir(stage, 0o755)
-        mount(prefix, stage, None, MS_BIND | MS_REC, None)
-        mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,mode=755")
-        path = hidden
-        for part in os.path.relpath(prefix, hidden).split("/"):
-            path = os.path.join(path, part)
-            os.mkdir(path)
-            os.chmod(path, 0o755)
-        mount(stage, prefix, None, MS_BIND | MS_REC, None)
-        mount(None, prefix, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
-        check(libc.umount2(stage.encode(), 2), "umount " + stage)  # MNT_DETACH
-        os.rmdir(stage)
+    ret = libc.syscall(
+        ctypes.c_long(442), ctypes.c_int(-100), new.encode(), at_recursive, ctypes.byref(attr), size
+    )
+    check(ret, "mount_setattr(read-only)")  # syscall 442: mount_setattr; -100: AT_FDCWD
+    mount("tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=755" % job["tmp_bytes"])
+    mount("tmpfs", new + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=65536,mode=755")
+    os.chdir(new)
+    check(libc.syscall(ctypes.c_long(pivot_root), b".", b"."), "pivot_root")
+    check(libc.umount2(b".", 2), "umount the old root")  # MNT_DETACH
+    os.chdir("/")
 
 
-def _child(job, record, libc, resource):
+def _child(job, record, emit, libc, resource):
     lim = job["limits"]
     try:
         R = resource
@@ -165,20 +188,42 @@ def _child(job, record, libc, resource):
     except Exception as err:
         record("fault", "limits: %s: %s" % (type(err).__name__, err))
         os._exit(70)
-    _run(job, record)
+    _run(job, record, emit)
 
 
-def _run(job, record):
+def _encoder():
+    """value -> compact ASCII JSON (no NaN), or an exception: the C encoder (the `json` package costs
+    ~15 ms of imports per execution), or `json.dumps` where its private signature differs."""
+    try:
+        import _json
+
+        def refuse(value):
+            raise TypeError("%s is not JSON data" % type(value).__name__)
+
+        enc = _json.make_encoder(
+            {}, refuse, _json.encode_basestring_ascii, None, ":", ",", False, False, False
+        )
+        enc([1], 0)
+        return lambda value: "".join(enc(value, 0))
+    except (ImportError, TypeError, AttributeError):
+        import json
+
+        return lambda value: json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def _run(job, record, emit):
     import builtins
 
-    # Captured before any model code runs: the harness never looks these names up again.
-    _type, _id, _str, _enumerate, _compile, _exec = type, id, str, enumerate, compile, exec
-    _BaseException, _TypeError, _callable, _dict = BaseException, TypeError, callable, dict
+    # Captured before the model's code runs. This protects honest answers from accidents; it is not a
+    # defence (the code can reach anything in this process): whatever C reports is only "the answer".
+    _type, _id, _str, _enumerate, _compile, _exec, _eval = type, id, str, enumerate, compile, exec, eval
+    _BaseException, _NameError, _len, _list = BaseException, NameError, len, list
     _exit, _stdout, _stderr = os._exit, sys.stdout, sys.stderr
-    snapshot = _dict(builtins.__dict__)
-    scalar = {_id(t) for t in (int, float, complex, bool, str, bytes, type(None))}
-    containers = {_id(t) for t in (list, tuple, set, frozenset)}
-    dict_type = dict
+    encode = _encoder()
+    pristine = dict(builtins.__dict__)
+    exception_names = {
+        id(v): v.__name__ for v in pristine.values() if isinstance(v, type) and issubclass(v, BaseException)
+    }
 
     def describe(err):
         try:
@@ -188,33 +233,15 @@ def _run(job, record):
             return "exception (unprintable)"
         return name + (": " + text if text else "")
 
-    def check(value, depth, name):
-        t = _type(value)
-        if _id(t) in scalar:
-            return
-        if depth < 64:
-            if _id(t) in containers:
-                for item in value:
-                    check(item, depth + 1, name)
-                return
-            if t is dict_type:
-                for k in value:
-                    check(k, depth + 1, name)
-                    check(value[k], depth + 1, name)
-                return
-        what = "a value nested too deep" if depth >= 64 else "a value of type " + t.__name__
-        raise _TypeError(
-            "%s returned %s; answers must be built-in data (numbers, str, bytes, None, list, "
-            "tuple, dict, set) of exact built-in types" % (name, what)
-        )
+    def raised(err):
+        try:
+            names = [exception_names[_id(c)] for c in _type(err).__mro__ if _id(c) in exception_names]
+        except _BaseException:
+            names = []
+        return ",".join(names) or "BaseException"
 
-    def guard(fn, name):
-        def guarded(*args, **kwargs):
-            result = fn(*args, **kwargs)
-            check(result, 0, name)
-            return result
-
-        return guarded
+    def pack(*args, **kwargs):
+        return args, kwargs
 
     try:
         code = _compile(job["code"], "<solution>", "exec", dont_inherit=True)
@@ -227,20 +254,30 @@ def _run(job, record):
     except _BaseException as err:
         record("load", describe(err))
         return
-    test_ns = _dict(namespace)
-    test_ns["__builtins__"] = snapshot
-    entry = job["entry_point"]
-    if entry:
-        fn = namespace.get(entry)
-        if fn is not None and _callable(fn):
-            test_ns[entry] = guard(fn, entry)
-    for i, src in _enumerate(job["tests"]):
+    entry, budget = job["entry_point"], job["answer_bytes"]
+    fn = namespace.get(entry) if entry else None
+    for i, (src, show) in _enumerate(job["calls"]):
         try:
-            _exec(_compile(src, "<test %d>" % i, "exec", dont_inherit=True), test_ns)
+            if fn is None:
+                raise _NameError("the solution does not define %s" % entry)
+            call = _compile("pack(%s)" % src, "<call %d>" % i, "eval", dont_inherit=True)
+            args, kwargs = _eval(call, {"__builtins__": pristine, "pack": pack})
+            value = fn(*args, **kwargs)
         except _BaseException as err:
-            record("test", "%d 0 %s" % (i, describe(err)))
-        else:
-            record("test", "%d 1" % i)
+            record("answer", "%d raised %s %s" % (i, raised(err), describe(err)))
+            continue
+        try:
+            texts = [encode(value)] + ([encode(_list(args))] if show else [])
+        except _BaseException as err:
+            record("answer", "%d invalid %s" % (i, describe(err)))
+            continue
+        budget -= _len(texts[0]) + (_len(texts[1]) if show else 0)
+        if budget < 0:
+            record("answer", "%d invalid answers over %d bytes" % (i, job["answer_bytes"]))
+            continue
+        emit("answer %d value %s" % (i, texts[0]))
+        if show:
+            emit("args %d %s" % (i, texts[1]))
     record("done")
     for stream in (_stdout, _stderr):
         try:

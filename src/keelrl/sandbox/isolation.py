@@ -15,16 +15,21 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from keelrl.sandbox.result import LEVELS, IsolationLevel, SandboxError, SandboxLimits, SandboxWarning
+from keelrl.sandbox.result import LEVELS, Answer, IsolationLevel, SandboxError, SandboxLimits, SandboxWarning
 
 IsolationRequest = Literal["auto", "bwrap", "unshare", "rlimit"]
 UID_BASE = 61000  # first uid leased to sandbox slots when running as root
 UID_RANGE = 4000
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The host paths the sandbox's root holds at the bwrap and unshare levels (read-only, with the
+# interpreter's prefix, a minimal /dev, a private /proc and /tmp): the system's programs and libraries,
+# and /etc (ld.so.cache, passwd). Nothing else of the host is there (not /tmp, /run, /var, /home, /root,
+# the trainer's checkout or run directory), so no host Unix socket, data file or checkpoint can be reached.
+ROOT_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 
 logger = logging.getLogger("keelrl.sandbox")
 
@@ -133,52 +138,90 @@ def sweep_uid(uid: int) -> None:
         logger.warning("sandbox: sweeping uid %d failed: %s", uid, err)
 
 
-def _bwrap(lim: SandboxLimits, python: str, hidden: str | None) -> list[str]:
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def root_layout(python: str) -> list[tuple[str, str | None]]:
+    """The sandbox root's host paths: (path, None) for a read-only bind, (path, target) for a symlink
+    (merged /usr: /lib -> usr/lib): ROOT_PATHS that exist, and the interpreter's prefix."""
+    layout: list[tuple[str, str | None]] = []
+    for path in ROOT_PATHS:
+        if os.path.islink(path):
+            layout.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            layout.append((path, None))
+    prefix = prefix_of(python)
+    if not any(_inside(prefix, p) for p, link in layout if link is None):
+        layout.append((prefix, None))
+    return layout
+
+
+def hidden_in(layout: list[tuple[str, str | None]], hide: Sequence[str]) -> list[str]:
+    """The paths of `hide` (resolved) that the layout would show: they are covered (a file by /dev/null,
+    a directory by an empty tmpfs)."""
+    binds = [p for p, link in layout if link is None]
+    real = (os.path.realpath(h) for h in hide)
+    return [h for h in real if any(_inside(h, b) for b in binds)]
+
+
+def _bwrap(lim: SandboxLimits, python: str, hide: Sequence[str]) -> list[str]:
     namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-    args = ["bwrap", *namespaces, *([] if _is_root() else ["--unshare-user"])]
-    args += ["--die-with-parent", "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    args = [
+        "bwrap",
+        *namespaces,
+        *([] if _is_root() else ["--unshare-user"]),
+        "--die-with-parent",
+        "--new-session",
+    ]
+    layout = root_layout(python)
+    for path, link in layout:
+        parents = Path(path).parents
+        for parent in reversed(
+            parents[: len(parents) - 1]
+        ):  # traversable by the sandbox uid (not /root's 0700)
+            args += ["--perms", "0755", "--dir", str(parent)]
+        args += ["--symlink", link, path] if link is not None else ["--ro-bind", path, path]
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    for path in hidden_in(layout, hide):
+        args += (
+            ["--tmpfs", path, "--remount-ro", path]
+            if os.path.isdir(path)
+            else ["--ro-bind", "/dev/null", path]
+        )
     if _bwrap_supports_size():
         args += ["--size", str(lim.tmp_mb << 20)]
-    args += ["--tmpfs", "/tmp"]
-    if hidden:
-        prefix = prefix_of(python)
-        args += ["--perms", "0755", "--tmpfs", hidden]
-        path = hidden
-        for part in os.path.relpath(prefix, hidden).split("/")[:-1]:
-            path = os.path.join(path, part)
-            args += ["--perms", "0755", "--dir", path]
-        args += ["--ro-bind", prefix, prefix]
-    return [*args, "--chdir", "/", "--"]
+    return [*args, "--tmpfs", "/tmp", "--chdir", "/", "--"]
 
 
-def _unshare(lim: SandboxLimits, python: str, hidden: str | None) -> list[str]:
-    # setpriv: unshare gets SIGKILL if the trainer dies, and --kill-child passes it to the namespace
+def _unshare(lim: SandboxLimits, python: str, hide: Sequence[str]) -> list[str]:
+    # setpriv: unshare gets SIGKILL if the trainer dies, and --kill-child passes it to the namespace.
+    # The root (root_layout) is built by the harness itself (harness._private_root).
     setpriv = ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
     flags = ["--net", "--pid", "--ipc", "--uts", "--fork", "--mount-proc", "--kill-child=SIGKILL"]
     return [*setpriv, "unshare", *flags, *([] if _is_root() else ["--map-root-user"]), "--"]
 
 
 # The command that starts the harness at each level (it is followed by `python -I -S -B -c <harness>`).
-LAUNCHERS: dict[str, Callable[[SandboxLimits, str, str | None], list[str]]] = {
+LAUNCHERS: dict[str, Callable[[SandboxLimits, str, Sequence[str]], list[str]]] = {
     "bwrap": _bwrap,
     "unshare": _unshare,
-    "rlimit": lambda lim, python, hidden: [],
+    "rlimit": lambda lim, python, hide: [],
 }
 
 
-def lease_slot(level: IsolationLevel, python: str) -> tuple[_UidLease | None, str, str | None]:
-    """As root, a separate uid for the code (see the package docstring), the interpreter to run it with,
-    and the directory bwrap / unshare hide under a tmpfs (None: nothing to hide). Without a usable uid:
-    no lease, with a warning."""
+def lease_slot(level: IsolationLevel, python: str) -> tuple[_UidLease | None, str]:
+    """As root, a separate uid for the code (see the package docstring) and the interpreter to run it
+    with. Without a usable uid: no lease, with a warning."""
     if not _is_root():
-        return None, python, None
+        return None, python
     if not _mapped_uid_range(UID_BASE, UID_BASE + UID_RANGE):
         _warn_once(
             "uid-unmapped",
             f"sandbox: uids {UID_BASE}.. are not mapped in this user namespace, so model code runs as root: the "
             "process-count limit is not enforced for root (fork bombs are bounded only by the time limit).",
         )
-        return None, python, None
+        return None, python
     if level == "rlimit" and not _world_usable(python):
         candidates = ("/usr/bin/python3", "/usr/local/bin/python3")
         fallback = next((p for p in candidates if _world_usable(p)), None)
@@ -189,16 +232,16 @@ def lease_slot(level: IsolationLevel, python: str) -> tuple[_UidLease | None, st
                 "was found, so model code runs AS ROOT with resource limits only: it can write anywhere and "
                 "kill any process. Install bubblewrap (apt-get install bubblewrap).",
             )
-            return None, python, None
+            return None, python
         python = os.path.realpath(fallback)
     lease = _UidLease()
     if level != "rlimit":
-        return lease, python, _hidden_ancestor(prefix_of(python))
+        return lease, python
     sweep_uid(lease.uid)  # leftovers of a trainer that was killed mid-run
     for stale in Path(tempfile.gettempdir()).glob("keelrl-sandbox-*"):
         if stale.is_dir() and stale.name != "keelrl-sandbox-uids" and stale.stat().st_uid == lease.uid:
             shutil.rmtree(stale, ignore_errors=True)  # its work dir (the uid is ours alone now)
-    return lease, python, None
+    return lease, python
 
 
 _detect_lock = threading.Lock()
@@ -229,8 +272,8 @@ def probe(level: IsolationLevel) -> str | None:
         else:
             try:
                 with Sandbox(level, SandboxLimits(wall_s=20.0), _probing=True) as box:
-                    r = box.run("def f(x):\n    return x + 1\n", ["assert f(1) == 2"], "f")
-                if r.status != "ok":
+                    r = box.run("def f(x):\n    return x + 1\n", "f", ["1"])
+                if r.status != "ok" or r.answers != (Answer("value", "2"),):
                     why = f"probe run failed: {r.status}: {r.detail} {r.stderr.strip()[:300]}"
             except (OSError, SandboxError) as err:
                 why = f"probe run failed: {err}"
@@ -252,8 +295,8 @@ def detect_isolation() -> IsolationLevel:
             if lv != "bwrap":
                 weaker = {
                     "unshare": "namespaces via unshare (equivalent containment, slightly less tested)",
-                    "rlimit": "RESOURCE LIMITS ONLY: model code can use the network and write to world-writable "
-                    "directories"
+                    "rlimit": "RESOURCE LIMITS ONLY: model code can use the network and host Unix sockets, read "
+                    "world-readable files (a code task's answer key included) and write to world-writable directories"
                     + ("" if _is_root() else ", signal your processes and read their environment"),
                 }[lv]
                 _warn_once(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from keelrl.sandbox.execute import Sandbox
 from keelrl.sandbox.isolation import IsolationRequest
-from keelrl.sandbox.result import ExecResult, IsolationLevel, Job, SandboxError, SandboxLimits
+from keelrl.sandbox.result import Call, ExecResult, IsolationLevel, Job, SandboxError, SandboxLimits
 
 
 def default_workers() -> int:
@@ -41,12 +41,13 @@ class SandboxPool:
         isolation: IsolationRequest = "auto",
         limits: SandboxLimits | None = None,
         python: str | None = None,
+        hide: Sequence[str] = (),
     ) -> None:
         self.workers = workers or default_workers()
         if self.workers < 1:
             raise SandboxError(f"workers must be >= 1 (got {self.workers})")
         self._queue: queue.Queue[_Work | None] = queue.Queue(maxsize=queue_size or 2 * self.workers)
-        self._boxes = [Sandbox(isolation, limits, python) for _ in range(self.workers)]
+        self._boxes = [Sandbox(isolation, limits, python, hide) for _ in range(self.workers)]
         self.level: IsolationLevel = self._boxes[0].level
         self._closed = False
         self._threads = [
@@ -65,7 +66,7 @@ class SandboxPool:
                 continue
             try:
                 j = work.job
-                work.future.set_result(box.run(j.code, j.tests, j.entry_point, j.limits))
+                work.future.set_result(box.run(j.code, j.entry_point, j.calls, j.limits))
             except Exception as err:  # a bug in the sandbox itself: hand it to the caller, keep serving
                 work.future.set_exception(err)
 
@@ -81,8 +82,8 @@ class SandboxPool:
         futures = [self.submit(j) for j in jobs]
         return [f.result() for f in futures]
 
-    def run(self, code: str, tests: Sequence[str] = (), entry_point: str | None = None) -> ExecResult:
-        return self.submit(Job(code, tests, entry_point)).result()
+    def run(self, code: str, entry_point: str | None = None, calls: Sequence[Call | str] = ()) -> ExecResult:
+        return self.submit(Job(code, entry_point, calls)).result()
 
     def close(self) -> None:
         if self._closed:

@@ -1,22 +1,24 @@
-"""What goes into one sandboxed execution and what comes out: limits, jobs, results, and the reading of
-the harness's nonce'd records into an `ExecResult` (the results channel: see the package docstring)."""
+"""What goes into one sandboxed execution and what comes out: limits, calls, jobs, answers, results, and
+the reading of the harness's nonce'd records into an `ExecResult` (the results channel: see the package
+docstring). An execution reports what the code's calls gave, never whether they were right: that is the
+judge's (judge.py), outside the sandbox."""
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 IsolationLevel = Literal["bwrap", "unshare", "rlimit"]
 Status = Literal[
-    "ok",  # every test passed
-    "wrong_answer",  # ran to the end, some test failed (assertion or exception)
+    "ok",  # ran to the end: every call has an answer (a value, an exception, or an invalid value)
+    "wrong_answer",  # the judge's verdict (judge.py), never an execution's: some answer is not the expected one
     "syntax_error",  # the solution does not compile
-    "runtime_error",  # the solution's top level raised (before any test ran)
+    "runtime_error",  # the solution's top level raised (before any call)
     "timeout",  # wall-clock or CPU limit
     "memory",  # MemoryError (address-space limit)
-    "crash",  # killed by a signal (segfault, abort) or exited before the tests finished
+    "crash",  # killed by a signal (segfault, abort) or exited before the calls finished
     "output_limit",  # stdout + stderr (or a file) over the limit
     "sandbox_error",  # the sandbox itself failed (launcher missing, setup error): not the code's fault
 ]
@@ -35,7 +37,8 @@ class SandboxWarning(RuntimeWarning):
 @dataclass(frozen=True)
 class SandboxLimits:
     """Per-execution limits. `cpu_s` defaults to `wall_s`; the memory limit is the address space of each
-    process, so the aggregate is at most `processes x memory_mb`."""
+    process, so the aggregate is at most `processes x memory_mb`. `answer_bytes` bounds the JSON of all
+    the answers of one execution together (a bigger answer is `invalid`)."""
 
     wall_s: float = 5.0
     cpu_s: float | None = None
@@ -45,6 +48,7 @@ class SandboxLimits:
     file_mb: int = 16
     tmp_mb: int = 64
     excerpt_chars: int = 2000
+    answer_bytes: int = 4_000_000
 
     def __post_init__(self) -> None:
         problems = []
@@ -58,7 +62,7 @@ class SandboxLimits:
             )
         if self.processes < 1:
             problems.append(f"processes must be >= 1 (got {self.processes})")
-        for name in ("output_bytes", "file_mb", "tmp_mb", "excerpt_chars"):
+        for name in ("output_bytes", "file_mb", "tmp_mb", "excerpt_chars", "answer_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if problems:
@@ -71,12 +75,35 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True)
+class Call:
+    """One call of the entry point: `args` is Python source of its arguments as written between the
+    parentheses (`"[3, 1], key=2"`), evaluated inside the sandbox (inputs are not secret). With
+    `show_args`, the arguments as they are after the call are reported too (functions that must not, or
+    must, change their input)."""
+
+    args: str
+    show_args: bool = False
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one call gave. kind `value`: `text` is the return value as JSON; `raised`: `text` is
+    "Name: message" and `raised` the built-in exception classes it is an instance of, most specific
+    first (the text names the class raised, which may be the code's own); `invalid`: the return value is not JSON data (or over `answer_bytes`), `text` says why.
+    `args_after`: JSON of the arguments after the call, when the call asked for it."""
+
+    kind: Literal["value", "raised", "invalid"]
+    text: str
+    raised: tuple[str, ...] = ()
+    args_after: str | None = None
+
+
+@dataclass(frozen=True)
 class ExecResult:
-    """What one sandboxed execution did. `passed` / `total` count the tests; `test_passed[i]` is test i
-    (False when it failed or never ran). `detail` is a one-line human explanation of `status`."""
+    """What one sandboxed execution did. `answers[i]` is call i's (None when it never reported);
+    `total` is the number of calls. `detail` is a one-line human explanation of `status`."""
 
     status: Status
-    passed: int
     total: int
     wall_s: float
     isolation: IsolationLevel
@@ -84,7 +111,7 @@ class ExecResult:
     stdout: str = ""
     stderr: str = ""
     detail: str = ""
-    test_passed: tuple[bool, ...] = ()
+    answers: tuple[Answer | None, ...] = ()
     exec_id: str = ""
 
     @property
@@ -94,13 +121,17 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class Job:
-    """One execution for `SandboxPool`: the solution source, test statements, the function the tests
-    call (its return values are checked to be built-in data; None: no check), optional limits."""
+    """One execution for `SandboxPool`: the solution source, the function to call, the calls (a plain
+    string is `Call(args)`), optional limits."""
 
     code: str
-    tests: Sequence[str] = ()
     entry_point: str | None = None
+    calls: Sequence[Call | str] = ()
     limits: SandboxLimits | None = None
+
+
+def as_calls(calls: Sequence[Call | str]) -> list[Call]:
+    return [Call(c) if isinstance(c, str) else c for c in calls]
 
 
 def _excerpt(data: bytes, limit: int) -> str:
@@ -110,13 +141,37 @@ def _excerpt(data: bytes, limit: int) -> str:
 _SIGNAMES = {int(s): s.name for s in signal.Signals}
 
 
+def _parse_answers(lines: list[str], n: int) -> dict[int, Answer]:
+    """`answer <i> <kind> <payload>` and `args <i> <json>` records -> the first answer per call index."""
+    answers: dict[int, Answer] = {}
+    args_after: dict[int, str] = {}
+    for kind, text in lines:
+        idx, _, rest = text.partition(" ")
+        if not (idx.isdigit() and int(idx) < n):
+            continue
+        i = int(idx)
+        if kind == "args":
+            args_after.setdefault(i, rest)
+            continue
+        how, _, payload = rest.partition(" ")
+        if i in answers or how not in ("value", "raised", "invalid"):
+            continue
+        if how == "raised":
+            names, _, message = payload.partition(" ")
+            classes = tuple(names.split(","))
+            answers[i] = Answer("raised", message or classes[0], classes)
+        else:
+            answers[i] = Answer(how, payload)  # type: ignore[arg-type]
+    return {i: replace(a, args_after=args_after.get(i)) for i, a in answers.items()}
+
+
 def interpret(
     nonce: str,
     res: bytes,
     out: bytes,
     err: bytes,
     stopped: str | None,
-    tests: list[str],
+    calls: int,
     lim: SandboxLimits,
     wall: float,
     level: IsolationLevel,
@@ -126,20 +181,17 @@ def interpret(
     """Turn the nonce'd records into an ExecResult (see the package docstring for the results channel)."""
     tag = nonce + " "
     first: dict[str, str] = {}
-    outcome: dict[int, tuple[bool, str]] = {}
+    per_call: list[tuple[str, str]] = []
     for raw in res.decode("utf-8", "replace").split("\n"):
         if not raw.startswith(tag):
             continue
         kind, _, text = raw[len(tag) :].partition(" ")
-        if kind == "test":
-            idx, _, rest = text.partition(" ")
-            ok, _, error = rest.partition(" ")
-            if idx.isdigit() and int(idx) < len(tests) and int(idx) not in outcome:
-                outcome[int(idx)] = (ok == "1", error)
+        if kind in ("answer", "args"):
+            per_call.append((kind, text))
         else:
             first.setdefault(kind, text)
-    flags = tuple(outcome.get(i, (False, ""))[0] for i in range(len(tests)))
-    passed = sum(flags)
+    found = _parse_answers(per_call, calls)
+    answers = tuple(found.get(i) for i in range(calls))
     cpu = None
     exit_sig = exit_code = None
     if "exit" in first:
@@ -152,14 +204,7 @@ def interpret(
             cpu = float(f[3])
         except (IndexError, ValueError):
             pass
-    failing = next((i for i in range(len(tests)) if not flags[i]), None)
-
-    def fail_detail() -> str:
-        if failing is None:
-            return ""
-        error = outcome.get(failing, (False, "did not run"))[1] or "failed"
-        return f"test {failing} `{tests[failing][:200]}`: {error}"
-
+    memory = next((a.text for a in answers if a and "MemoryError" in a.raised), None)
     status: Status
     if stopped == "timeout":
         status, detail = "timeout", f"wall-clock limit of {lim.wall_s:g} s reached"
@@ -184,33 +229,25 @@ def interpret(
         elif exit_sig == signal.SIGXFSZ:
             status, detail = "output_limit", f"file size limit of {lim.file_mb} MB reached ({name})"
         else:
-            status, detail = (
-                "crash",
-                f"killed by {name}" + (f" after test {len(outcome) - 1}" if outcome else ""),
-            )
+            status, detail = "crash", f"killed by {name} after {len(found)} of {calls} calls"
     elif "exit" not in first:
         status, detail = "crash", "the harness was killed before it reported"
     elif "done" not in first:
         status = "crash"
-        detail = f"exited with code {exit_code} before the tests finished ({len(outcome)} of {len(tests)} reported)"
-    elif any(e.startswith("MemoryError") for ok, e in outcome.values() if not ok):
-        status, detail = "memory", fail_detail()
-    elif passed == len(tests):
-        status, detail = "ok", ""
+        detail = f"exited with code {exit_code} before the calls finished ({len(found)} of {calls} answered)"
+    elif memory is not None:
+        status, detail = "memory", memory
     else:
-        status, detail = "wrong_answer", fail_detail()
-    if status not in ("ok", "wrong_answer") and failing is not None and status != "sandbox_error":
-        detail = f"{detail}; first failing: {fail_detail()}" if outcome else detail
+        status, detail = "ok", ""
     return ExecResult(
         status=status,
-        passed=passed,
-        total=len(tests),
+        total=calls,
         wall_s=wall,
         isolation=level,
         cpu_s=cpu,
         stdout=_excerpt(out, lim.excerpt_chars),
         stderr=_excerpt(err, lim.excerpt_chars),
         detail=detail,
-        test_passed=flags,
+        answers=answers,
         exec_id=exec_id,
     )

@@ -1,12 +1,17 @@
 """Programming: write a Python function from a specification; hidden unit tests decide.
 
-Problem: `{"id": str, "prompt": str, "entry_point": str, "tests": [str, ...]}` plus optional
+Problem: `{"id": str, "prompt": str, "entry_point": str, "tests": [case, ...]}` plus optional
 `"difficulty"` (a bucket name, e.g. easy / medium / hard) and `"reference"` (a known-correct solution).
-Each test is a Python statement such as `assert f(2) == 4`, run after the solution in its namespace.
+A test is a case, `{"args": "2, 3", "expected": 5}` or `{"args": "'a', 'ab'", "raises": "ValueError"}`
+(fields: keelrl.sandbox.judge): the sandbox calls the entry point on the arguments and reports what it
+returned, and the judge compares that with `expected` in this process, so the solution can neither see
+nor influence the answer key. A test may also be written `assert f(ARGS) == LITERAL` (or `is None /
+True / False`); it is turned into the case it means when the file is loaded. Other statements are
+refused: run in the solution's process they could be fooled (`ValueError = AssertionError`).
 The shipped set (`keelrl/data/code_problems.jsonl`) was written for keelrl: 73 problems, 24 easy, 27
-medium, 22 hard, each with 4-7 tests and a reference solution that the test suite checks passes. Users
+medium, 22 hard, each with 4-7 cases and a reference solution that the test suite checks passes. Users
 can give their own JSONL file (`problems_file`); it is validated up front, and every error names the
-line and the field.
+line and the field. The file itself is hidden from the sandbox (bwrap, unshare).
 
 Splits: a problem is in the test split when `in_test_split(id, seed, test_fraction)` says so (a hash
 of the id), so train and test never share a problem and adding problems to a file does not move the
@@ -15,11 +20,12 @@ others. `problem(split, i)` walks a seeded permutation of the split, a new one e
 Answer: the last complete fenced code block of the completion tagged python / py / python3 or untagged
 (a closing fence alone on its line is required; blocks tagged as another language, e.g. example output,
 are skipped; see `extract_code`).
-Reward: 1.0 when every test passes; 0.1 for a code block that fails (does not compile, raises, is
+Reward: 1.0 when every case passes; 0.1 for a code block that fails (does not compile, raises, is
 wrong, times out...); 0.0 without a code block. With `partial_credit`, a failing block earns
 0.1 + 0.9 x passed / total instead (always < 1.0, so only a full pass reaches 1.0). `Score.correct` is
-True only when all tests pass; `info["reason"]` is the sandbox status (`ok`, `wrong_answer`, `timeout`,
-`memory`, `crash`, `syntax_error`, `runtime_error`, `output_limit`), or `no_code` / `too_long`.
+True only when all cases pass; `info["reason"]` is the judge's verdict (`ok`, `wrong_answer`) or the sandbox
+status (`timeout`, `memory`, `crash`, `syntax_error`, `runtime_error`, `output_limit`), or `no_code` /
+`too_long`.
 
 Execution: `keelrl.sandbox` (see its docstring for the isolation levels and what is defended). `score`
 runs one sandboxed execution; `score_many` runs a batch on a process-wide `SandboxPool` (one per
@@ -29,6 +35,8 @@ isolation setting and size), which is what a trainer should call. If the sandbox
 
 from __future__ import annotations
 
+import ast
+import builtins
 import json
 import logging
 import random
@@ -41,6 +49,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from keelrl.sandbox.judge import CASE_FIELDS, VIEWS, Case, calls_of, judge
 from keelrl.sandbox.pool import SandboxPool
 from keelrl.sandbox.result import ExecResult, Job, SandboxError, SandboxLimits
 from keelrl.seeds import stable_hash
@@ -83,8 +92,8 @@ def shipped_problems_path() -> Path:
 class CodeParams(TaskParams):
     problems_file: str | None = Field(
         None,
-        description="JSONL file of problems ({id, prompt, entry_point, tests, [difficulty], [reference]} per line); "
-        "default: the shipped set of 73 problems.",
+        description="JSONL file of problems ({id, prompt, entry_point, tests, [difficulty], [reference]} per line; "
+        "a test is {args, expected} or {args, raises}, see the task's docs); default: the shipped set of 73 problems.",
     )
     test_fraction: float = Field(
         0.25,
@@ -142,16 +151,8 @@ def validate_problem(obj: Any, where: str) -> dict[str, Any]:
     if not obj["entry_point"].isidentifier():
         raise _field_error(where, "entry_point", f"{obj['entry_point']!r} is not a Python identifier")
     if not obj["tests"]:
-        raise _field_error(where, "tests", "needs at least one test statement")
-    for i, test in enumerate(obj["tests"]):
-        if not isinstance(test, str):
-            raise _field_error(where, f"tests[{i}]", f"must be a string, got {type(test).__name__}")
-        try:
-            compile(test, f"<test {i}>", "exec", dont_inherit=True)
-        except SyntaxError as err:
-            raise _field_error(
-                where, f"tests[{i}]", f"is not valid Python: {err.msg} ({test[:80]!r})"
-            ) from None
+        raise _field_error(where, "tests", "needs at least one test")
+    tests = [_case(test, obj["entry_point"], where, f"tests[{i}]") for i, test in enumerate(obj["tests"])]
     if "reference" in obj:
         try:
             compile(obj["reference"], "<reference>", "exec", dont_inherit=True)
@@ -159,7 +160,81 @@ def validate_problem(obj: Any, where: str) -> dict[str, Any]:
             raise _field_error(
                 where, "reference", f"is not valid Python: {err.msg} (line {err.lineno})"
             ) from None
-    return dict(obj)
+    return {**obj, "tests": tests}
+
+
+CASE_HELP = (
+    'write it as a case, {"args": "<the arguments, as Python source>", "expected": <JSON value>} or '
+    '{"args": "...", "raises": "ValueError"}; the answer is compared outside the solution\'s process '
+    "(keelrl.sandbox.judge)"
+)
+
+
+def _case(test: Any, entry: str, where: str, field: str) -> Case:
+    """A test as a validated case: a case dict, or an `assert entry(...) == literal` statement."""
+    if isinstance(test, str):
+        try:
+            compile(test, f"<{field}>", "exec", dont_inherit=True)
+        except SyntaxError as err:
+            raise _field_error(where, field, f"is not valid Python: {err.msg} ({test[:80]!r})") from None
+        case = case_from_assert(test, entry)
+        if case is None:
+            raise _field_error(
+                where,
+                field,
+                f"{test[:80]!r} is not of the form `assert {entry}(...) == <literal>` (or `is None/True/False`), "
+                f"the only statements that can be judged outside the solution's process; {CASE_HELP}",
+            )
+        return case
+    if not isinstance(test, dict):
+        raise _field_error(where, field, f"must be a case object or a string, got {type(test).__name__}")
+    problems = [f"unknown field `{k}`" for k in test if k not in CASE_FIELDS]
+    wrong_type = [k for k, t in CASE_FIELDS.items() if k in test and not isinstance(test[k], t)]
+    problems += [f"`{k}` must be a {CASE_FIELDS[k].__name__}" for k in wrong_type]
+    if ("expected" in test) == ("raises" in test):
+        problems.append("give exactly one of `expected` and `raises`")
+    if isinstance(test.get("args"), str):
+        try:
+            compile(f"f({test['args']})", f"<{field}>", "eval", dont_inherit=True)
+        except SyntaxError as err:
+            problems.append(f"`args` is not valid Python arguments: {err.msg}")
+    else:
+        problems.append("`args` (a string) is required")
+    raises = getattr(builtins, str(test.get("raises")), None)
+    if "raises" in test and not (isinstance(raises, type) and issubclass(raises, BaseException)):
+        problems.append(f"`raises` {test['raises']!r} is not a built-in exception class")
+    if "view" in test and test["view"] not in VIEWS:
+        problems.append(f"`view` must be one of {', '.join(VIEWS)}")
+    if problems:
+        raise _field_error(where, field, "; ".join(problems) + f"; {CASE_HELP}")
+    return dict(test)
+
+
+def case_from_assert(test: str, entry: str) -> Case | None:
+    """`assert entry(ARGS) == LITERAL` (or `is None / True / False`) as a case; None for anything else."""
+    body = ast.parse(test).body
+    if len(body) != 1 or not isinstance(body[0], ast.Assert) or not isinstance(body[0].test, ast.Compare):
+        return None
+    cmp = body[0].test
+    call, op, right = cmp.left, cmp.ops[0], cmp.comparators[0]
+    if len(cmp.ops) != 1 or not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+        return None
+    if call.func.id != entry:
+        return None
+    if (
+        isinstance(op, ast.Is)
+        and isinstance(right, ast.Constant)
+        and any(right.value is v for v in (None, True, False))
+    ):
+        expected = right.value
+    elif isinstance(op, ast.Eq):
+        try:
+            expected = json.loads(json.dumps(ast.literal_eval(right), allow_nan=False))
+        except (ValueError, TypeError, SyntaxError, RecursionError):  # not a literal, or not JSON data
+            return None
+    else:
+        return None
+    return {"args": ", ".join(ast.unparse(a) for a in [*call.args, *call.keywords]), "expected": expected}
 
 
 def load_problems(path: str | Path) -> list[dict[str, Any]]:
@@ -229,17 +304,17 @@ def extract_code(completion: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ pools
 
-_pools: dict[tuple[str, int], SandboxPool] = {}
+_pools: dict[tuple[str, int, tuple[str, ...]], SandboxPool] = {}
 _pools_lock = threading.Lock()
 
 
-def shared_pool(isolation: str, workers: int) -> SandboxPool:
-    """One SandboxPool per (isolation, workers) per process, shared by every CodeTask (threads are idle
-    daemons when unused)."""
-    key = (isolation, workers)
+def shared_pool(isolation: str, workers: int, hide: tuple[str, ...] = ()) -> SandboxPool:
+    """One SandboxPool per (isolation, workers, hidden paths) per process, shared by every CodeTask
+    (threads are idle daemons when unused)."""
+    key = (isolation, workers, hide)
     with _pools_lock:
         if key not in _pools:
-            _pools[key] = SandboxPool(workers or None, isolation=isolation)  # type: ignore[arg-type]
+            _pools[key] = SandboxPool(workers or None, isolation=isolation, hide=hide)  # type: ignore[arg-type]
         return _pools[key]
 
 
@@ -257,6 +332,7 @@ class CodeTask:
         p = self.params
         path = Path(p.problems_file) if p.problems_file else shipped_problems_path()
         self.problems = load_problems(path)
+        self.hide = tuple(sorted({str(path.resolve()), str(shipped_problems_path().resolve())}))
         self.splits: dict[str, list[dict[str, Any]]] = {"train": [], "test": []}
         for problem in self.problems:
             split = "test" if in_test_split(problem["id"], seed, p.test_fraction) else "train"
@@ -326,25 +402,27 @@ class CodeTask:
             elif len(code) > self.params.max_code_chars:
                 scores[i] = Score(0.1, False, {"formatted": True, "reason": "too_long", "chars": len(code)})
             else:
-                pending.append((i, Job(code, problem["tests"], problem["entry_point"], self.limits)))
+                calls = calls_of(problem["tests"])
+                pending.append((i, Job(code, problem["entry_point"], calls, self.limits)))
         if pending:
-            pool = shared_pool(self.params.isolation, self.params.workers)
+            pool = shared_pool(self.params.isolation, self.params.workers, self.hide)
             futures = [(i, pool.submit(job)) for i, job in pending]
             for i, future in futures:
-                scores[i] = self._score_result(future.result())
+                scores[i] = self._score_result(problems[i], future.result())
         return [s for s in scores if s is not None]
 
-    def _score_result(self, r: ExecResult) -> Score:
+    def _score_result(self, problem: dict[str, Any], r: ExecResult) -> Score:
+        verdict = judge(problem["tests"], r, problem["entry_point"])
         info: dict[str, Any] = {
             "formatted": True,
-            "reason": r.status,
-            "passed": r.passed,
-            "total": r.total,
+            "reason": verdict.reason,
+            "passed": verdict.passed,
+            "total": verdict.total,
             "exec_s": round(r.wall_s, 4),
             "isolation": r.isolation,
         }
-        if r.detail:
-            info["detail"] = r.detail[:300]
+        if verdict.detail:
+            info["detail"] = verdict.detail[:300]
         with self._errors_lock:
             if r.status == "sandbox_error":
                 self._sandbox_errors += 1
@@ -356,7 +434,7 @@ class CodeTask:
                     )
                 return Score(0.1, False, info)  # not the code's fault: no worse than a failing solution
             self._sandbox_errors = 0
-        if r.status == "ok":
+        if verdict.ok:
             return Score(1.0, True, info)
-        reward = 0.1 + 0.9 * r.passed / r.total if self.params.partial_credit and r.total else 0.1
+        reward = 0.1 + 0.9 * verdict.passed / verdict.total if self.params.partial_credit else 0.1
         return Score(reward, False, info)
