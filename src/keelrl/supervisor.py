@@ -329,5 +329,4 @@ class Supervisor:
 
 def supervise(worker_argv: list[str], run_path: Path, cfg: SupervisorConfig) -> int:
     """Run `worker_argv` under supervision until it finishes, is stopped, or gives up. Returns an exit code."""
-    run_path.mkdir(parents=True, exist_ok=True)
     return Supervisor(worker_argv, run_path, cfg).run()
