@@ -13,7 +13,8 @@ sharded run first write `sharded/` into a directory from `stage_dir`), each file
 the manifest written last, the directory renamed to its final name (atomic on POSIX), the parent fsynced,
 and only then is `latest` (a symlink) swapped to it and are old checkpoints deleted. A crash at any point
 leaves the previous checkpoint intact; a half-written directory never has a final name. On load, a
-checkpoint whose manifest does not verify is skipped in favour of the next older one.
+checkpoint whose manifest does not verify is skipped in favour of the next older one, and so is one that
+verifies but does not load (`CheckpointUnreadable`: a file replaced and its manifest rewritten to match).
 
 Saving is split in two: `snapshot()` copies the state to CPU memory (the only part the training loop must
 wait for) and `write_snapshot()` writes it; `AsyncCheckpointer` runs the writing in a background thread,
@@ -26,6 +27,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import shutil
 import threading
 import time
@@ -52,6 +54,11 @@ LATEST = "latest"
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read; the message says which and why."""
+
+
+class CheckpointUnreadable(RuntimeError):
+    """A checkpoint that verifies against its manifest but cannot be read. Not a user error: resume passes
+    it over for the next older one, as it does a checksum mismatch."""
 
 
 @dataclass
@@ -271,12 +278,12 @@ def read_state(path: Path) -> dict[str, Any]:
 
 
 def find_resumable(
-    checkpoints_dir: Path, healthy_only: bool = False
+    checkpoints_dir: Path, healthy_only: bool = False, older_than: str = "~"
 ) -> tuple[Path | None, list[tuple[Path, str]]]:
     """Newest checkpoint that verifies (and is marked healthy, if asked), plus the (path, reason) of each
-    newer one that was passed over."""
+    newer one that was passed over; only those whose name sorts before `older_than`, if given."""
     skipped: list[tuple[Path, str]] = []
-    for path in committed(checkpoints_dir):
+    for path in (p for p in committed(checkpoints_dir) if p.name < older_than):
         problem = verify(path)
         if problem is None and healthy_only and not read_manifest(path).get("healthy", True):
             problem = "marked unhealthy"
@@ -289,7 +296,10 @@ def find_resumable(
 def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
     """Restore weights, optimizer, scheduler, RNG and counters from checkpoint `path`. Returns state.json."""
     policy = train_state.policy
-    trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+    try:  # first: when it fails, nothing in train_state has changed
+        trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, ImportError, AttributeError) as err:
+        raise CheckpointUnreadable(f"{TRAINER_STATE} does not load ({type(err).__name__}: {err})") from None
     saved_sharded = trainer["optimizer"].get("format") == "sharded"
     if is_sharded(policy):
         if not saved_sharded:

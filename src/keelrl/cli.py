@@ -18,11 +18,21 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from keelrl.checkpoint import CheckpointError
     from keelrl.models import ModelLoadError
     from keelrl.monitor.doctor import DoctorError
+    from keelrl.monitor.run_dir import RunDirError
     from keelrl.monitor.run_lock import RunLockedError
     from keelrl.tasks import TaskError
     from keelrl.trainer import ResumeError
 
-    return (ConfigError, ModelLoadError, TaskError, ResumeError, CheckpointError, DoctorError, RunLockedError)
+    return (
+        ConfigError,
+        ModelLoadError,
+        TaskError,
+        ResumeError,
+        CheckpointError,
+        DoctorError,
+        RunLockedError,
+        RunDirError,
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -99,7 +109,8 @@ def _print_outcome(run_dir: Path) -> None:
         shown = f"{acc:.3f}" if isinstance(acc, (int, float)) else "n/a"
         print(f"done: {summary.get('steps')} steps, final eval accuracy {shown}, run dir {run_dir}")
     elif status:
-        print(f"run {status.get('state')} at step {status.get('step')}; run dir {run_dir}")
+        at = f" at step {status['step']}" if status.get("step") is not None else ""
+        print(f"run {status.get('state')}{at}; run dir {run_dir}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

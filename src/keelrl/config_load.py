@@ -55,13 +55,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def read_toml(p: Path) -> dict[str, Any]:
-    """The tables of a TOML config file; ConfigError when it is missing or not TOML."""
+    """The tables of a TOML config file; ConfigError when it is missing, not UTF-8 or not TOML."""
     if not p.is_file():
         raise ConfigError(
             f"config file {p} does not exist; shipped presets are in configs/ (e.g. configs/smoke.toml)"
         )
+    raw = p.read_bytes()
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{p} is not UTF-8 text (byte {raw[err.start]:#04x} on line {line}); TOML files must be UTF-8. "
+            "Save it again as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or remove the non-ASCII characters."
+        ) from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(
             f"{p} is not valid TOML: {err}. Check quoting and [section] headers near that line."

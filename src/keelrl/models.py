@@ -3,18 +3,29 @@ random model with a character tokenizer.
 
 Every failure a user can cause (missing path, a directory without a model, a file transformers cannot
 read, a hub id that cannot be fetched) raises `ModelLoadError` with one paragraph saying what was tried
-and what to do, instead of a traceback from inside transformers.
+and what to do, instead of a traceback from inside transformers. A model that cannot load is a user error
+(exit status 2), which the supervisor does not restart: trying again would read the same files.
+
+A name that is not a local path is taken as a hub id. Before transformers is asked, the hub's host gets
+one TCP connection with a short timeout: when it does not answer, the model loads from the local hub cache
+only (`local_files_only`), or fails at once when it is not cached, instead of after half a minute of
+retried name lookups inside huggingface_hub. HF_HUB_OFFLINE=1 skips the probe and means cache only.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import socket
 import string
+import threading
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -29,6 +40,9 @@ CHAR_EOS = "<eos>"
 CHAR_UNK = "<unk>"
 CHAR_ALPHABET = string.printable[:95] + "\n"  # digits, letters, punctuation, space, newline
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_PROBE_S = 3.0  # how long the hub's host may take to accept a connection (name lookup included)
+# what transformers raises on files it cannot use (a cut-short safetensors file raises SafetensorError)
+READ_ERRORS = (OSError, ValueError, KeyError, ImportError, EOFError, SafetensorError)
 
 
 def quiet_transformers() -> None:
@@ -163,7 +177,7 @@ def load_gguf(
         model = AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, dtype=_dtype(dtype), **_attn_kwargs(attn_implementation)
         )
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as err:
+    except (*READ_ERRORS, RuntimeError) as err:
         raise ModelLoadError(
             f"could not read the GGUF file {path}: {err}. transformers dequantises GGUF files of the architectures "
             "it knows (llama, qwen2, mistral, ...); check that the file is complete and of such an architecture."
@@ -186,11 +200,12 @@ def load_local_dir(
             "(e.g. runs/x/checkpoints/latest or runs/x/final), a .gguf file, 'smollm2', or 'tiny'."
         )
     resolved = path.resolve()
+    if (resolved / "checkpoints").is_dir() and not any(resolved.glob("*.safetensors")):
+        raise ModelLoadError(
+            f"{path} is a run directory, not a model; did you mean {path}/checkpoints/latest or {path}/final?"
+        )
     if not (resolved / "config.json").is_file():
-        hint = ""
-        if (resolved / "checkpoints").is_dir():
-            hint = f" It looks like a run directory; use {path}/checkpoints/latest or {path}/final."
-        raise ModelLoadError(f"{path} is not a model directory: it has no config.json.{hint}")
+        raise ModelLoadError(f"{path} is not a model directory: it has no config.json.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
@@ -199,24 +214,83 @@ def load_local_dir(
             trust_remote_code=trust_remote_code,
             **_attn_kwargs(attn_implementation),
         )
-    except (OSError, ValueError, KeyError, ImportError) as err:
-        raise ModelLoadError(f"could not load the model in {path}: {err}") from None
+    except READ_ERRORS as err:
+        damaged = (
+            " A weights file there (model.safetensors, or the shards it names) is cut short or corrupted: "
+            "copy or download it again."
+            if isinstance(err, (SafetensorError, EOFError))
+            else ""
+        )
+        raise ModelLoadError(f"could not load the model in {path}: {err}.{damaged}") from None
     return model.eval(), _ensure_pad(tokenizer)
+
+
+def hub_reachable(timeout_s: float = HUB_PROBE_S) -> bool:
+    """Whether the hub's host (HF_ENDPOINT, default huggingface.co) accepts a TCP connection within
+    `timeout_s`, name lookup included (in a thread: a lookup has no timeout of its own). Behind a proxy a
+    direct connection proves nothing, so a configured proxy counts as reachable."""
+    from huggingface_hub import constants
+
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    host = url.hostname or ""
+    if urllib.request.getproxies().get(url.scheme) and not urllib.request.proxy_bypass(host):
+        return True
+    port = url.port or (443 if url.scheme == "https" else 80)
+    answered: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout_s).close()
+            answered.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return bool(answered)
+
+
+def _hub_offline_reason(name: str) -> str | None:
+    """Why `name` must load from the local hub cache only (None: the hub is there), or ModelLoadError when
+    it must and is not cached."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE:
+        why = "HF_HUB_OFFLINE is set"
+    elif hub_reachable():
+        return None
+    else:
+        why = f"{urllib.parse.urlsplit(constants.ENDPOINT).hostname} did not answer within {HUB_PROBE_S:g} s"
+    try:
+        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        cached = False
+    if not cached:
+        raise ModelLoadError(
+            f"model {name!r} was taken as a Hugging Face hub id (it is not a local path), and no hub was "
+            f"reachable ({why}); it is not in the local hub cache ({constants.HF_HUB_CACHE}) either. To use "
+            "a model on this machine, name its local directory (an HF model directory with config.json, e.g. "
+            "./models/name) or a .gguf file instead; or fetch it where the hub is reachable and copy the hub "
+            "cache (HF_HOME) here."
+        )
+    return why
 
 
 def load_hub(
     name: str, dtype: str, trust_remote_code: bool, attn_implementation: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    common = {
+        "trust_remote_code": trust_remote_code,
+        "local_files_only": _hub_offline_reason(name) is not None,
+    }
     try:
-        AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        AutoConfig.from_pretrained(name, **common)
+        tokenizer = AutoTokenizer.from_pretrained(name, **common)
         model = AutoModelForCausalLM.from_pretrained(
-            name,
-            dtype=_dtype(dtype),
-            trust_remote_code=trust_remote_code,
-            **_attn_kwargs(attn_implementation),
+            name, dtype=_dtype(dtype), **common, **_attn_kwargs(attn_implementation)
         )
-    except (OSError, ValueError, ImportError) as err:
+    except READ_ERRORS as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         kernel = (
             ""

@@ -221,8 +221,8 @@ def shutdown_engines(engines: list[Any]) -> None:
 def restore_or_start(
     run_dir: RunDir, state: TrainState, resume: ResumeMode, config_dict: dict[str, Any]
 ) -> None:
-    """Load the newest checkpoint that verifies into `state` (skipping broken ones, with an event each) and
-    drop the metric lines after it; or start from scratch."""
+    """Load the newest checkpoint that verifies and loads into `state` (skipping broken ones, with an event
+    each) and drop the metric lines after it; or start from scratch."""
     has_checkpoints = bool(ckpt.committed(run_dir.checkpoints))
     if resume == "never" and (has_checkpoints or run_dir.metrics_file.exists()):
         raise ResumeError(
@@ -233,21 +233,27 @@ def restore_or_start(
         run_dir.truncate_after(-1)
         return
     path, skipped = ckpt.find_resumable(run_dir.checkpoints)
+    while path is not None:
+        unsafe = unsafe_changes(ckpt.read_state(path).get("config", {}), config_dict)
+        if unsafe:
+            raise ResumeError(
+                f"refusing to resume {run_dir.path} with a changed config: {', '.join(unsafe)} differ from the checkpoint "
+                f"{path.name}. These change what the run computes. Resume with the original values, or start a new --run-dir. "
+                f"(Keys that may change on resume: {', '.join(SAFE_TO_CHANGE)})"
+            )
+        try:
+            ckpt.load_into(path, state)
+            break
+        except ckpt.CheckpointUnreadable as err:
+            skipped.append((path, str(err)))
+            path, older = ckpt.find_resumable(run_dir.checkpoints, older_than=path.name)
+            skipped += older
     for bad, why in skipped:
         run_dir.event("checkpoint_skipped", -1, checkpoint=bad.name, reason=why)
     if path is None:
         run_dir.event("resume_from_scratch", 0, reason="no checkpoint verified")
         run_dir.truncate_after(-1)
         return
-    saved = ckpt.read_state(path)
-    unsafe = unsafe_changes(saved.get("config", {}), config_dict)
-    if unsafe:
-        raise ResumeError(
-            f"refusing to resume {run_dir.path} with a changed config: {', '.join(unsafe)} differ from the checkpoint "
-            f"{path.name}. These change what the run computes. Resume with the original values, or start a new --run-dir. "
-            f"(Keys that may change on resume: {', '.join(SAFE_TO_CHANGE)})"
-        )
-    ckpt.load_into(path, state)
     dropped, torn = run_dir.truncate_after(state.step)
     run_dir.event(
         "resume", state.step, checkpoint=path.name, dropped_metric_lines=dropped, torn_metric_lines=torn

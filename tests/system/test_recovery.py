@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -77,6 +78,29 @@ def test_corrupted_newest_checkpoint_is_detected_and_skipped(
     skipped = events(run_dir, "checkpoint_skipped")
     assert skipped and skipped[0]["checkpoint"] == "step_00000002" and "sha256" in skipped[0]["reason"]
     assert_same_run(run_dir, reference_run)
+
+
+def test_unpicklable_trainer_state_falls_back_to_the_previous_checkpoint(
+    drill: Drill, tmp_path: Path, reference_run: Path
+) -> None:
+    # trainer_state.pt replaced and the manifest rewritten to match: it verifies, but does not unpickle
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run, run_dir, symlinks=True)
+    newest = ckpt.committed(run_dir / "checkpoints")[0]
+    (newest / ckpt.TRAINER_STATE).write_bytes(b"this is not a pickle")
+    manifest = ckpt.read_manifest(newest)
+    manifest["files"][ckpt.TRAINER_STATE] = {
+        "bytes": 20,
+        "sha256": ckpt.sha256_file(newest / ckpt.TRAINER_STATE),
+    }
+    (newest / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    assert ckpt.verify(newest) is None
+    done = drill.run(run_dir, supervised=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    skipped = events(run_dir, "checkpoint_skipped")
+    assert [e["checkpoint"] for e in skipped] == [newest.name] and "trainer_state.pt" in skipped[0]["reason"]
+    assert events(run_dir, "resume")[-1]["checkpoint"] == "step_00000006"
+    assert_same_run(run_dir, reference_run)  # steps 7 and 8 redone exactly
 
 
 def test_disk_full_during_save_keeps_previous_and_reports(drill: Drill, tmp_path: Path) -> None:

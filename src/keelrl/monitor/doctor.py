@@ -8,6 +8,9 @@ with their step ranges, evidence, quoted rollouts and suggestions, or "healthy" 
 
 Exit status: 0 healthy (info notes at most), 1 warnings, 2 critical findings or an unreadable run dir.
 Works on a run that is still going: every file is read as it is now (a torn last line is skipped).
+A status.json that says "running" is only as true as its writer is alive: a SIGKILLed supervisor cannot
+update it, so the shown state adds "stale" when nothing in the run directory (heartbeat included) was
+written for longer than supervisor.hang_timeout_s, or at once when the process it names is gone.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import statistics
 import sys
 import time
@@ -26,14 +30,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from keelrl.config import SupervisorConfig
 from keelrl.guards.base import SEVERITY_RANK, Finding, is_train_record, metric_value
 from keelrl.guards.engine import scan
 from keelrl.guards.rules import GuardsConfig
-from keelrl.guards.rules.process import stalled
+from keelrl.guards.rules.process import RUNNING_STATES, stalled
 from keelrl.monitor.run_dir import RunDir, read_jsonl
 from keelrl.monitor.run_lock import describe as describe_lock
 from keelrl.monitor.run_lock import pid_alive
 from keelrl.monitor.traces import analyze_traces, attach_samples, format_traces, num, trace_findings
+from keelrl.supervisor import HEARTBEAT_FILE
 
 EXIT_CODES = {"healthy": 0, "warning": 1, "critical": 2}
 
@@ -93,7 +99,7 @@ def load_run(path: str | Path) -> RunData:
             "is it the run directory of a keelrl train run?"
         )
     status = _read_json(rd.status_file)
-    stamps = [os.path.getmtime(f) for f in files if f.exists()]
+    stamps = [os.path.getmtime(f) for f in (*files, p / HEARTBEAT_FILE) if f.exists()]
     stamps += [
         float(status[k]) for k in ("updated", "last_heartbeat") if isinstance(status.get(k), (int, float))
     ]
@@ -167,7 +173,37 @@ def _avg(history: Sequence[dict[str, Any]], key: str, first: bool, n: int = 5) -
     return sum(part) / len(part)
 
 
-def headline(run: RunData) -> dict[str, Any]:
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def shown_state(run: RunData, now: float) -> str:
+    """The run's state as status.json (or summary.json) says, and for a "running" one whether that is stale:
+    nothing written for over supervisor.hang_timeout_s, or the process it names (on this host) gone."""
+    state = (
+        run.status.get("state")
+        or run.summary.get("state")
+        or ("unknown" if run.metrics else "no metrics yet")
+    )
+    if state not in RUNNING_STATES:
+        return state
+    pid, silent = run.status.get("pid"), now - run.last_write
+    here = run.status.get("host") == socket.gethostname() and isinstance(pid, int) and pid > 0
+    alive = pid_alive(pid) if here else None
+    section = run.config.get("supervisor")
+    given = section.get("hang_timeout_s") if isinstance(section, dict) else None
+    bound = num(given, SupervisorConfig().hang_timeout_s)
+    if alive is False:
+        return f"{state} (stale: no heartbeat for {_duration(silent)}; the process is gone)"
+    if silent > bound:
+        why = f"process {pid} is still there: hung?" if alive else "its process is on another host or unknown"
+        return f"{state} (stale: no heartbeat for {_duration(silent)}; {why})"
+    return state
+
+
+def headline(run: RunData, now: float | None = None) -> dict[str, Any]:
     """The numbers a person looks at first: steps, reward and accuracy start -> end (means of the first and
     last 5 training steps), eval accuracy, throughput, and what the events say happened."""
     train = [r for r in run.metrics if is_train_record(r)]
@@ -183,9 +219,7 @@ def headline(run: RunData) -> dict[str, Any]:
         v for r in train if (v := metric_value(r, "throughput/tokens_per_s")) is not None and math.isfinite(v)
     ]
     out: dict[str, Any] = {
-        "state": run.status.get("state")
-        or run.summary.get("state")
-        or ("unknown" if run.metrics else "no metrics yet"),
+        "state": shown_state(run, time.time() if now is None else now),
         "steps": int(train[-1]["step"]) if train and "step" in train[-1] else 0,
         "reward_start": _avg(train, "reward/mean", True),
         "reward_end": _avg(train, "reward/mean", False),
@@ -258,7 +292,7 @@ def diagnose(run: RunData, cfg: GuardsConfig | None = None, now: float | None = 
         notes.append("no metrics.jsonl records yet: metric rules not run")
     if not run.rollouts:
         notes.append("no rollouts.jsonl.gz records: trace analysis skipped")
-    return Diagnosis(str(run.path), verdict, findings, headline(run), traces, notes)
+    return Diagnosis(str(run.path), verdict, findings, headline(run, now), traces, notes)
 
 
 # ------------------------------------------------------------------------------------------ output

@@ -4,14 +4,15 @@
     metrics.jsonl        one JSON object per step: {"step": int, "time": float, ...}
     rollouts.jsonl.gz    sampled traces (one gzip member appended per step)
     events.jsonl         restarts, rollbacks, skips, checkpoints, faults, with reasons
-    status.json          live: state, step, pids, restarts, last checkpoint, heartbeat
+    status.json          live: state, step, pids (on `host`), restarts, last checkpoint, heartbeat
     checkpoints/         step_XXXXXXXX/ directories and a `latest` symlink
     final/               the final policy as a standard HF directory
     summary.json         written at the end
     lock, lock.json      one trainer at a time (monitor/run_lock.py)
 
 Only the writer (rank 0) writes. Small files are replaced atomically (write to a temporary file, fsync,
-rename), so a reader never sees half a status or summary.
+rename), so a reader never sees half a status or summary. The writer checks at once that the directory
+can be created and written (`RunDirError`, a user error), rather than failing at the first save.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import gzip
 import json
 import math
 import os
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,13 +78,36 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     return (r for r in _jsonl_records(path) if r is not None)
 
 
+class RunDirError(RuntimeError):
+    """The run directory cannot be created or written; the message says why and what to do."""
+
+
+def _unusable(path: Path, err: OSError) -> RunDirError:
+    """The one-paragraph error for a run directory that `err` kept from being created or written."""
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is None:
+        why = f"it is not writable ({err.strerror or err})"
+    else:
+        why = "it is a file" if blocker == path else f"{blocker} is a file"
+    return RunDirError(
+        f"cannot use {path} as the run directory: {why}. Give --run-dir a writable directory (it is created "
+        "if missing), or move what is in the way."
+    )
+
+
 class RunDir:
     def __init__(self, path: str | Path, writer: bool = True) -> None:
         self.path = Path(path)
         self.writer = writer
         if writer:
-            self.path.mkdir(parents=True, exist_ok=True)
-            self.checkpoints.mkdir(exist_ok=True)
+            probe = self.path / f".write-probe-{os.getpid()}"
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                self.checkpoints.mkdir(exist_ok=True)
+                probe.touch()
+                probe.unlink()
+            except OSError as err:
+                raise _unusable(self.path, err) from None
 
     # paths ---------------------------------------------------------------------------------------
     @property
@@ -148,7 +173,7 @@ class RunDir:
         if not self.writer:
             return
         current = self.read_status()
-        current.update(fields, updated=time.time())
+        current.update(fields, updated=time.time(), host=socket.gethostname())
         atomic_write_text(self.status_file, dumps(current) + "\n")
 
     def read_status(self) -> dict[str, Any]:
