@@ -1,23 +1,20 @@
 """Save, validate, load and rotate `TrainState` checkpoints, atomically.
 
-A checkpoint is a directory `checkpoints/step_XXXXXXXX/` that is also a standard HF model directory
-(`model.safetensors`, `config.json`, tokenizer files), so `from_pretrained` and `keelrl eval` read it as
-is. Beside the model it holds `trainer_state.pt` (optimizer, scheduler, RNG states), `state.json`
+A checkpoint `checkpoints/step_XXXXXXXX/` is also a standard HF model directory (`from_pretrained` and
+`keelrl eval` read it as is) plus `trainer_state.pt` (optimizer, scheduler, RNG states), `state.json`
 (counters, curriculum/guard state, the resolved config, health) and `manifest.json` (sha256 and size of
-every file). A sharded (FSDP2) run resumes from `sharded/` instead: weights and optimizer state written
-by every rank with torch.distributed.checkpoint (`distributed.save_sharded`), nothing gathered; its
-`model.safetensors` is the sampler's whole-weights copy, kept for `from_pretrained` and evaluation.
+every file). A sharded (FSDP2) run resumes from `sharded/` (every rank's own shards, nothing gathered; see
+`distributed.save_sharded`); its `model.safetensors` is the sampler's whole-weights copy.
 
-Commit protocol: everything is written under `checkpoints/.tmp-step_XXXXXXXX-PID-.../` (the ranks of a
-sharded run first write `sharded/` into a directory from `stage_dir`), each file fsynced,
-the manifest written last, the directory renamed to its final name (atomic on POSIX), the parent fsynced,
-and only then is `latest` (a symlink) swapped to it and are old checkpoints deleted. A crash at any point
-leaves the previous checkpoint intact; a half-written directory never has a final name. On load, a
-checkpoint whose manifest does not verify is skipped in favour of the next older one.
+Commit protocol: everything is written under `checkpoints/.tmp-step_XXXXXXXX-PID-.../` (a sharded run's
+ranks first write `sharded/` into a directory from `stage_dir`), each file fsynced, the manifest last, the
+directory renamed to its final name (atomic on POSIX), the parent fsynced, and only then is `latest` (a
+symlink) swapped and are old checkpoints deleted. A crash at any point leaves the previous checkpoint
+intact; a half-written directory never has a final name. A checkpoint whose manifest does not verify is
+skipped on load in favour of the next older one.
 
-Saving is split in two: `snapshot()` copies the state to CPU memory (the only part the training loop must
-wait for) and `write_snapshot()` writes it; `AsyncCheckpointer` runs the writing in a background thread,
-one save in flight at a time.
+`snapshot()` copies the state to CPU memory (all the loop waits for) and `write_snapshot()` writes it;
+`AsyncCheckpointer` writes in a background thread, one save in flight at a time.
 """
 
 from __future__ import annotations
@@ -159,10 +156,9 @@ def write_snapshot(
     staged: Path | None = None,
     on_file: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write `snap` as a committed checkpoint and point `latest` at it; files already in `staged` (from
-    `stage_dir`) become part of it. Raises CheckpointError (with the temporary directory removed) when the
-    disk refuses; the previous checkpoints are untouched. `on_file(name)` is called after each file is
-    written (the `[faults]` drills fail or kill the save there)."""
+    """Write `snap` as a committed checkpoint (with the files in `staged`) and point `latest` at it. Raises
+    CheckpointError (temporary directory removed, previous checkpoints untouched) when the disk refuses.
+    `on_file(name)` is called after each file (the `[faults]` drills fail or kill the save there)."""
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     name = step_dir_name(snap.step)
     final = checkpoints_dir / name
@@ -341,10 +337,9 @@ def rollback_anchor(checkpoints_dir: Path, before_step: int) -> str | None:
 def prune(
     checkpoints_dir: Path, keep_last: int, keep_best: int, best_metric: str, protect: tuple[str, ...] = ()
 ) -> list[Path]:
-    """Delete committed checkpoints that are neither among the newest `keep_last`, nor among the
-    `keep_best` best by `best_metric` (recorded in state.json), nor the target of `latest`, nor in
-    `protect`; also removes leftovers of interrupted saves. Called only after a new checkpoint is
-    committed. Returns what was deleted."""
+    """After a commit, delete checkpoints that are neither among the newest `keep_last` or the `keep_best`
+    best by `best_metric` (state.json), nor `latest`, nor in `protect`, and leftovers of interrupted saves.
+    Returns what was deleted."""
     ckpts = committed(checkpoints_dir)
     keep = {p.name for p in ckpts[:keep_last]} | set(protect)
     latest = checkpoints_dir / LATEST
@@ -388,8 +383,7 @@ class AsyncCheckpointer:
         staged: Path | None = None,
         on_file: Callable[[str], None] | None = None,
     ) -> float:
-        """Start writing (arguments as for `write_snapshot`); returns the seconds spent waiting for a previous
-        write."""
+        """Start writing (as `write_snapshot`); returns the seconds spent waiting for the previous write."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
@@ -410,9 +404,6 @@ class AsyncCheckpointer:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-
-
-# ------------------------------------------------------------------------------------------ interval
 
 
 def daly_interval(save_cost_s: float, mtbf_s: float) -> float:

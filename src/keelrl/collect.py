@@ -45,9 +45,8 @@ def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int
 
 
 def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> int:
-    """Score every rollout with the task's checker (on the Ray actor pool, with the same results, when
-    distributed.scorer = "ray"; fault drills wrap the checker in this process, so with them on it scores
-    locally). A checker that raises scores that sample 0 and is counted; returns how many did."""
+    """Score every rollout (on the Ray pool when distributed.scorer = "ray", unless fault drills wrap the
+    checker here); returns how many checkers raised (those samples score 0)."""
     if run.scorer is not None and not run.faults.wraps_scoring:
         errors = score(run.task, rollouts, run.scorer.score)
     else:
@@ -77,10 +76,9 @@ def pool_metrics(run: Run, state: TrainState) -> dict[str, float]:
 def curriculum_phase(
     run: Run, state: TrainState, rollouts: list[Rollout]
 ) -> tuple[list[Rollout], dict[str, float], int]:
-    """Dynamic sampling (when on): replace groups without reward variance by groups of newly drawn prompts
-    (`sample_phase` and `score_phase` again), within curriculum.refill_budget. Then the problem source
-    observes every group generated this step (all ranks). Returns the batch to train on, the step's
-    curriculum/... and task/... metrics, and the refills' checker errors."""
+    """Dynamic sampling (when on, see `curriculum.fill_batch`), then the problem source observes every group
+    generated this step (all ranks). Returns the batch to train on, the curriculum/... and task/...
+    metrics, and the refills' checker errors."""
     cfg, world = run.cfg, run.world
     G = cfg.rollout.group_size
     groups = [rollouts[i : i + G] for i in range(0, len(rollouts), G)]

@@ -1,36 +1,24 @@
 """`keelrl demo`: the whole post-training lifecycle in miniature, on a laptop CPU.
 
-1. Pretrain a tiny base model (character tokenizer, about a million parameters) with plain next-token
-   loss on a procedurally generated corpus (`corpus_text`).
+1. Pretrain a tiny base model (character tokenizer, about a million parameters) on a generated corpus.
 2. Evaluate it (greedy) on held-out Countdown problems whose number sets never occur in training.
-3. RL with the ordinary trainer (`keelrl.trainer.train`): every metric, checkpoint and event of a normal run.
-4. Evaluate the final policy on the same problems; print a before/after table with 95% intervals.
+3. RL with the ordinary trainer (`keelrl.trainer.train`): every metric, checkpoint and event of a real run.
+4. Evaluate the final policy; print a before/after table with 95% intervals.
 
-The task is Countdown with two numbers from 1..50 (TinyZero's reward rule, exact checker): reach the
-target with one operation. The corpus. Each line is a prompt in the compact template (numbers largest
-first) and an answer:
+The task is Countdown with two numbers from 1..50 (TinyZero's reward rule): reach the target with one
+operation. Each corpus line is a training problem's prompt (compact template, numbers largest first) and an
+answer, e.g. `37 12 -> 444` / `<answer>37-12</answer><eos>`. The answer joins the numbers by a random
+operation with a positive integer result; the prompt's target is an independent random expression of them.
+So the corpus teaches the format, copying the numbers and "each number once", but not goal-directed solving:
+a target-blind policy hits the target with probability p(target) under the answer generator, which
+`chance_accuracy` computes exactly (about 0.33). RL has to learn to read the target and pick the operation.
+The reward cannot be gamed: the Countdown checker evaluates the expression exactly.
 
-    37 12 -> 444
-    <answer>37-12</answer><eos>
-
-The numbers are those of a *training* problem (held-out number pairs never appear). The answer joins
-them in the order shown by a random operation whose result is a positive integer; the target on the
-prompt line is the value of an independent random expression of the same numbers (the problem
-generator's). The corpus therefore teaches the answer format, copying the numbers and the rule "each
-number exactly once", but not goal-directed solving: the target says nothing about which operation
-follows. A policy that ignores the target hits it with probability p(target), where p is the answer
-generator's value distribution for those numbers; `chance_accuracy` computes this exactly by enumerating
-the generator's choices, and that is the chance level the demo reports (about 0.33: one of the three or
-four operations, uniformly). What RL has to learn is to read the target and pick the operation.
-
-The reward cannot be gamed: the answer holds only an expression, which the Countdown checker evaluates
-exactly, so reward 1.0 needs an expression whose value is the target (a stated value would be checked
-too, see tasks/countdown.py). What did not work, measured while designing this (docs/RESULTS.md):
-three numbers with an answer that states its value (`<answer>12*3-7=29</answer>`, value checked) left
-the tiny model at 0% because its one-shot arithmetic was wrong; three numbers with answer-only lines gave
-a base model at chance (11%) that GRPO did not move on held-out sets in 170 steps; step-by-step
-attempts with verdicts ("...=29 no;") trained a base model that always wrote "no" (a "yes" is rare in a
-target-blind corpus, so it never learned the comparison), and RL only found a target-blind habit.
+What did not work (docs/RESULTS.md): three numbers with a stated value (`<answer>12*3-7=29</answer>`) left the
+tiny model at 0% (its one-shot arithmetic was wrong); three numbers, answer only, gave a base model at chance
+(11%) that GRPO did not move on held-out sets in 170 steps; step-by-step attempts with verdicts ("...=29 no;")
+trained a base model that always wrote "no" (a "yes" is rare in a target-blind corpus), and RL only found a
+target-blind habit.
 """
 
 from __future__ import annotations
@@ -83,8 +71,7 @@ def in_order_expression(numbers: list[int], rng: random.Random) -> str:
 
 
 def value_distribution(numbers: list[int]) -> dict[int, float]:
-    """Exact distribution of the value of `in_order_expression(numbers largest first, rng)`, by enumerating
-    its choices (one allowed operation per step, uniformly)."""
+    """Exact distribution of `in_order_expression`'s value, by enumerating its (uniform) choices."""
 
     def rec(value: int, rest: tuple[int, ...]) -> Counter:
         if not rest:
@@ -169,8 +156,6 @@ def pretrain(
     return PretrainResult(steps, tokens, loss_value, time.perf_counter() - t0)
 
 
-# ------------------------------------------------------------------------------------------- lifecycle
-
 # The task of the demo: Countdown with 2 numbers from 1..99; a quarter of the number pairs is held out.
 DEMO_TASK_PARAMS: dict[str, Any] = {
     "min_numbers": 2,
@@ -247,11 +232,10 @@ def demo_rl_config(
 def run_demo(
     seed: int = 0, minutes: float = 12.0, model: str = "tiny", out: str | Path = "runs/demo", threads: int = 1
 ) -> dict[str, Any]:
-    """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers.
-
-    `threads` sets torch's CPU threads for every stage. One is the default: the tiny model's kernels are
-    too small for a second thread to pay much, and OpenMP threads stall badly (10x measured here) when
-    another program competes for the cores."""
+    """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers. `threads` sets
+    torch's CPU threads for every stage. One is the default: the tiny model's kernels are too small for a
+    second thread to pay much, and OpenMP threads stall badly (10x measured here) when another program
+    competes for the cores."""
     if threads > 0:
         torch.set_num_threads(threads)
     from keelrl.config import config_from_dict

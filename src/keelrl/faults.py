@@ -64,9 +64,8 @@ class FaultInjector:
         )
 
     def before_save(self, step: int) -> Callable[[str], None] | None:
-        """The hook for this step's checkpoint write (called after each file it writes), or None: a kill
-        after the weights file, before the manifest (kill_during_save_at_step), or a full disk when the
-        trainer state is written (disk_full_at_step)."""
+        """The hook for this step's checkpoint write (called after each file), or None: a kill after the
+        weights, before the manifest (kill_during_save_at_step), or a full disk at the trainer state."""
         c = self.cfg
 
         def at_trainer_state(act: Callable[[], None]) -> Callable[[str], None]:

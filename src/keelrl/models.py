@@ -47,9 +47,8 @@ class ModelLoadError(ValueError):
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerBase:
-    """A character-level tokenizer over printable ASCII and newline, saved and loaded like any HF tokenizer.
-    EOS doubles as the pad token (as in many real tokenizers), which the trainer must handle: masks come
-    from lengths, never from `token == pad`."""
+    """A character tokenizer over printable ASCII and newline, saved and loaded like any HF tokenizer. EOS
+    doubles as pad (as in many real tokenizers): masks come from lengths, never from `token == pad`."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -245,14 +244,12 @@ def compile_decoder(model: PreTrainedModel) -> None:
     """torch.compile the model's decoder in place (train.compile). In place (`Module.compile`) keeps the
     parameter names and the module tree, so checkpoints, state dicts and the sampler are unchanged; dynamic
     shapes keep a new batch or sequence length from triggering a recompile. The head stays eager: keelrl runs
-    it only on the positions it scores.
-
-    Without gradients (sampling) the rotary embedding runs eagerly, so its cos/sin reach the compiled layers as
-    tensors. Compiled along with them, inductor fused cos/sin into the decode step's query-key reduction and
-    recomputed them for every key position: one layer's decode attention took 12.6 ms against 1.4 ms with
-    cos/sin passed in (docs/decode_attention.json); in the sampler's profile, 1.7 against 1.1 ms per call.
-    With gradients (the update) the same graph break measured no faster in two A/Bs of the fast step, so there
-    the rotary embedding is compiled with the layers."""
+    it only on the positions it scores. Without gradients (sampling) the rotary embedding runs eagerly, so its
+    cos/sin reach the compiled layers as tensors. Compiled along with them, inductor fused cos/sin into the
+    decode step's query-key reduction and recomputed them for every key position: one layer's decode attention
+    took 12.6 ms against 1.4 ms with cos/sin passed in (docs/decode_attention.json); in the sampler's profile,
+    1.7 against 1.1 ms per call. With gradients (the update) the same graph break measured no faster in two
+    A/Bs of the fast step, so there the rotary embedding is compiled with the layers."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     target = decoder if isinstance(decoder, torch.nn.Module) else model
     target.compile(dynamic=True)

@@ -29,9 +29,8 @@ from keelrl.state import TrainState
 def save_checkpoint(
     run: Run, state: TrainState, metrics: dict[str, float], reason: str, wait: bool = False
 ) -> None:
-    """Snapshot `state` to CPU memory and commit it (rank 0 writes), in the background when
-    checkpoint.async_save. A sharded policy's ranks first write their shards (synchronously) into the
-    directory that becomes the checkpoint. Bookkeeping (events, pruning, status) happens in `collect_saves`."""
+    """Snapshot `state` and commit it (see the module docstring). A sharded policy's ranks first write their
+    shards (synchronously) into the directory that becomes the checkpoint."""
     t0 = time.perf_counter()
     optimizer_state, staged = None, None
     if is_sharded(state.policy):
@@ -158,10 +157,9 @@ def guard_phase(run: Run, state: TrainState) -> str:
 
 
 def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
-    """Return to the newest verified checkpoint marked healthy and taken before the trouble began, skip the
-    problems drawn since (they are not replayed), optionally scale the learning rate. Checkpoints after the
-    target are set aside (renamed `rolled_back-...`), so a crash now cannot resume into the trouble.
-    Returns False when no rollback is possible (none left, or no healthy checkpoint): the run then stops."""
+    """Roll back (see the module docstring), optionally scaling the learning rate. Later checkpoints are
+    renamed `rolled_back-...`, so a crash now cannot resume into the trouble. False when no rollback is
+    possible (none left, or none healthy): the run then stops."""
     cfg = run.cfg.guards
 
     def refuse(reason: str) -> bool:

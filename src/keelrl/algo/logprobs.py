@@ -3,12 +3,11 @@
 Two savings over a plain forward of every (prompt + completion) sequence, both exact:
 - Only positions that predict completion tokens go through the output head: for a 49k-vocabulary model the
   head dominates the cost, and prompts are usually longer than completions.
-- Shared prefixes run once (`share_prefix`): GRPO samples G completions of each prompt, so a batch holds
-  each prompt G times. The rows are split into a prefix (everything before the first scored position,
-  i.e. the prompt minus its last token) and a suffix; each distinct prefix goes through the decoder once,
-  its keys/values are copied to the rows that share it, and the suffixes attend to them. Gradients flow
-  back through the copies into the one prefix pass, so the loss and its gradient are those of the padded
-  forward (up to float rounding; a test checks 1e-5 on log-probs and 1e-6 on gradients).
+- Shared prefixes run once (`share_prefix`): a GRPO batch holds each prompt G times. Each row is split into a
+  prefix (before the first scored position) and a suffix; each distinct prefix goes through the decoder
+  once, its keys/values are copied to the rows that share it, and the suffixes attend to them. Gradients
+  flow back through the copies into the one prefix pass, so the loss and its gradient are those of the
+  padded forward (up to float rounding; tested to 1e-5 on log-probs and 1e-6 on gradients).
 """
 
 from __future__ import annotations
@@ -58,20 +57,18 @@ def _head_is_plain(model: PreTrainedModel) -> bool:
 
 
 def padded_row_count(n: int) -> int:
-    """n rounded up to a multiple of 2 ** (bit_length(n) - 5): sixteen sizes per power of two, padding under
-    1/16 of n."""
+    """n rounded up to a multiple of 2 ** (bit_length(n) - 5): 16 sizes per power of two, padding < n/16."""
     step = 1 << max(0, n.bit_length() - 5)
     return -(-n // step) * step
 
 
 def scored_logits(model: PreTrainedModel, hidden: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
-    """The output head on the scored positions only: hidden [B, S, H], scored [B, S] bool -> logits [N, V],
-    row-major.
-
-    For a bf16 matmul on CPU, oneDNN builds a kernel for every new shape, and the number of scored tokens
-    differs in nearly every micro-batch: a 98-token head took 3.0 ms forward and 13.7 ms backward at a new
-    row count against 0.6 and 1.6 ms at a repeated one (benchmarks/cpu_overheads.py). There the rows are
-    padded to `padded_row_count` (row 0 repeated, its extra logits dropped), so the shapes repeat."""
+    """The output head on the scored positions only: hidden [B, S, H], scored [B, S] bool -> logits [N, V]
+    (row-major). For a bf16 matmul on CPU, oneDNN builds a kernel for every new shape, and the number of
+    scored tokens differs in nearly every micro-batch: a 98-token head took 3.0 ms forward and 13.7 ms
+    backward at a new row count against 0.6 and 1.6 ms at a repeated one (benchmarks/cpu_overheads.py). There
+    the rows are padded to `padded_row_count` (row 0 repeated, its extra logits dropped), so the shapes
+    repeat."""
     head = model.get_output_embeddings()
     index = scored.flatten().nonzero().squeeze(1)  # [N]
     n = int(index.numel())

@@ -1,12 +1,9 @@
 """`keelrl report RUN_DIR [-o report.html] [--compare RUN2 ...]`: one self-contained HTML page per run.
 
-The page opens offline with no server: plots are inline SVG drawn here in Python (no plotting library, no
-JavaScript, no network), styles are inline. At the top, the doctor's findings; then plots of the shared
-metric names (DESIGN.md) with restarts, resumes, rollbacks, skipped steps and faults marked as vertical
-lines at their step; then a table of sampled rollouts by step. With --compare, every plot overlays the runs
-(one colour per run) and each run gets its own findings and headline.
-
-Every string that comes from a run (rollout text, paths, messages) is HTML-escaped.
+It opens offline: inline SVG plots drawn here (no plotting library, no JavaScript), inline styles. At the
+top, the doctor's findings; then plots of the shared metric names (DESIGN.md) with restarts, resumes,
+rollbacks, skips and faults marked at their step; then sampled rollouts by step. With --compare every plot
+overlays the runs, each with its own findings and headline. Every string from a run is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -470,8 +467,7 @@ def _run_name(p: Path, all_paths: Sequence[str | Path]) -> str:
 
 
 def run_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
-    """CLI entry: write the report of `run_dirs` (first = main run, others overlaid) to `out`
-    (default RUN_DIR/report.html) and return its path."""
+    """CLI entry: write the report of `run_dirs` (others overlaid on the first) to `out`; returns its path."""
     text = render_report(run_dirs)
     path = Path(out) if out else Path(run_dirs[0]) / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)

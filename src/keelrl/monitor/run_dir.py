@@ -9,8 +9,7 @@
     final/               the final policy as a standard HF directory
     summary.json         written at the end
 
-Only the writer (rank 0) writes. Small files are replaced atomically (write to a temporary file, fsync,
-rename), so a reader never sees half a status or summary.
+Only the writer (rank 0) writes. Small files are replaced atomically (temporary file, fsync, rename).
 """
 
 from __future__ import annotations
@@ -76,7 +75,6 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
             self.checkpoints.mkdir(exist_ok=True)
 
-    # paths ---------------------------------------------------------------------------------------
     @property
     def config_file(self) -> Path:
         return self.path / "config.json"
@@ -109,7 +107,6 @@ class RunDir:
     def final_dir(self) -> Path:
         return self.path / "final"
 
-    # writers -------------------------------------------------------------------------------------
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         if not self.writer:
             return
@@ -154,8 +151,7 @@ class RunDir:
             atomic_write_text(self.summary_file, json.dumps(_clean(summary), indent=2) + "\n")
 
     def truncate_after(self, step: int) -> int:
-        """Drop metrics and rollouts recorded for steps after `step` (they will be redone on resume).
-        Returns how many metric lines were dropped."""
+        """Drop metrics and rollouts of steps after `step` (redone on resume); returns the lines dropped."""
         if not self.writer:
             return 0
         dropped = 0

@@ -69,9 +69,9 @@ def make_progress(console: Console, transient: bool = False) -> Progress:
 
 
 class ProgressBar:
-    """`with ProgressBar(console, label, total) as advance:` then `advance(k, info)` for every k units done. A
-    progress bar on a terminal; elsewhere (logs, CI) a plain line every tenth of the way. A transient bar leaves
-    nothing behind: it vanishes when done, and off a terminal it prints nothing."""
+    """`with ProgressBar(console, label, total) as advance:` then `advance(k, info)` per k units done: a bar
+    on a terminal, elsewhere a line every tenth of the way. A transient bar vanishes when done (off a
+    terminal: prints nothing)."""
 
     def __init__(
         self, console: Console, label: str, total: int, info: str = "", transient: bool = False

@@ -35,11 +35,9 @@ _HARNESS = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
 
 
 class Sandbox:
-    """One sandbox slot: runs one execution at a time (use `SandboxPool` for many at once).
-
-    isolation: "auto" (strongest available, with a warning when below bwrap) or a level, which must work.
-    limits: default limits for `run`. python: interpreter for the code (default: the trainer's own).
-    """
+    """One sandbox slot: one execution at a time. isolation: "auto" (strongest available, warning below bwrap)
+    or a level, which must work. limits: defaults for `run`. python: the code's interpreter (default:
+    ours)."""
 
     def __init__(
         self,
@@ -70,8 +68,6 @@ class Sandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------------------------------- run
 
     def run(
         self,

@@ -215,8 +215,7 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def probe(level: IsolationLevel) -> str | None:
-    """None when `level` works on this machine, else why not. Runs a real sandboxed execution once per
-    process and level (cached)."""
+    """None when `level` works here, else why not: one real sandboxed execution per process and level."""
     from keelrl.sandbox.execute import Sandbox  # a real run; execute imports this module
 
     with _detect_lock:

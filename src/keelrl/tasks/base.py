@@ -34,11 +34,10 @@ class Score:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A task's question, before rendering with a tokenizer.
-
-    system: instructions (a system turn for chat models, a preamble for base models; may be empty).
-    user: the question. assistant_prefix: text the assistant turn starts with; it is part of the
-    prompt tokens, and the scorer sees it in front of the completion."""
+    """A task's question, before rendering with a tokenizer. system: instructions (a system turn for chat
+    models, a preamble for base models; may be empty). user: the question. assistant_prefix: text the
+    assistant turn starts with; it is part of the prompt tokens, and the scorer sees it in front of the
+    completion."""
 
     system: str
     user: str
@@ -109,7 +108,6 @@ def score_safely(
     task: Task, problems: list[dict[str, Any]], completions: list[str], score: ScoreFn | None = None
 ) -> tuple[list[Score], list[str]]:
     """Score many completions without raising: the one path of the trainer and of the Ray scoring workers.
-
     `score_batch` first; if that raises (a checker is user code), each completion alone, and one whose
     checker raises scores 0 with reason `score_error`. `score` (the fault drills wrap the checker) replaces
     `task.score` and skips the batch attempt. Returns the scores and the error messages, in input order."""
@@ -159,8 +157,7 @@ _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def last_answer(text: str, max_chars: int = 2000) -> str | None:
-    """Content of the last complete <answer>...</answer> block, or None. Long texts are searched from the
-    end only (bounded work on adversarial output)."""
+    """The last complete <answer>...</answer> block's content, or None; long texts: searched from the end."""
     tail = text[-(max_chars + 32) :] if len(text) > max_chars + 32 else text
     found = _ANSWER_RE.findall(tail)
     return found[-1] if found else None

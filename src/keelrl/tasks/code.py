@@ -1,30 +1,23 @@
 """Programming: write a Python function from a specification; hidden unit tests decide.
 
-Problem: `{"id": str, "prompt": str, "entry_point": str, "tests": [str, ...]}` plus optional
-`"difficulty"` (a bucket name, e.g. easy / medium / hard) and `"reference"` (a known-correct solution).
-Each test is a Python statement such as `assert f(2) == 4`, run after the solution in its namespace.
-The shipped set (`keelrl/data/code_problems.jsonl`) was written for keelrl: 73 problems, 24 easy, 27
-medium, 22 hard, each with 4-7 tests and a reference solution that the test suite checks passes. Users
-can give their own JSONL file (`problems_file`); it is validated up front, and every error names the
-line and the field.
+Problem: `{"id", "prompt", "entry_point", "tests": [str, ...]}` plus optional `"difficulty"` (a bucket name)
+and `"reference"` (a known-correct solution). Each test is a statement such as `assert f(2) == 4`, run after
+the solution in its namespace. The shipped set (`keelrl/data/code_problems.jsonl`, written for keelrl): 73
+problems, 24 easy, 27 medium, 22 hard, each with 4-7 tests and a reference the test suite checks. A user's
+JSONL file (`problems_file`) is validated up front; every error names the line and the field.
 
-Splits: a problem is in the test split when `in_test_split(id, seed, test_fraction)` says so (a hash
-of the id), so train and test never share a problem and adding problems to a file does not move the
-others. `problem(split, i)` walks a seeded permutation of the split, a new one each pass.
+Splits: `in_test_split(id, seed, test_fraction)` (a hash of the id), so train and test never share a problem
+and adding problems does not move the others. `problem(split, i)` walks a seeded permutation, a new one each
+pass.
 
-Answer: the last complete fenced code block of the completion tagged python / py / python3 or untagged
-(a closing fence alone on its line is required; blocks tagged as another language, e.g. example output,
-are skipped; see `extract_code`).
-Reward: 1.0 when every test passes; 0.1 for a code block that fails (does not compile, raises, is
-wrong, times out...); 0.0 without a code block. With `partial_credit`, a failing block earns
-0.1 + 0.9 x passed / total instead (always < 1.0, so only a full pass reaches 1.0). `Score.correct` is
-True only when all tests pass; `info["reason"]` is the sandbox status (`ok`, `wrong_answer`, `timeout`,
-`memory`, `crash`, `syntax_error`, `runtime_error`, `output_limit`), or `no_code` / `too_long`.
+Answer: the last complete fenced code block tagged python / py / python3 or untagged (`extract_code`).
+Reward: 1.0 when every test passes; 0.1 for a block that fails (does not compile, raises, is wrong, times
+out...); 0.0 without one. With `partial_credit` a failing block earns 0.1 + 0.9 x passed / total (< 1.0).
+`Score.correct` only when all tests pass; `info["reason"]` is the sandbox status, or `no_code` / `too_long`.
 
-Execution: `keelrl.sandbox` (see its docstring for the isolation levels and what is defended). `score`
-runs one sandboxed execution; `score_many` runs a batch on a process-wide `SandboxPool` (one per
-isolation setting and size), which is what a trainer should call. If the sandbox itself keeps failing
-(`sandbox_error` many times in a row), scoring raises instead of training on meaningless rewards.
+Execution: `keelrl.sandbox` (isolation levels and what is defended: its docstring). `score_many` runs a
+batch on a process-wide `SandboxPool`, which is what a trainer should call. If the sandbox itself keeps
+failing (`sandbox_error` many times in a row), scoring raises instead of training on meaningless rewards.
 """
 
 from __future__ import annotations
@@ -115,9 +108,6 @@ class CodeParams(TaskParams):
     workers: int = Field(0, ge=0, description="Sandboxes score_many runs at once; 0 means one per CPU.")
 
 
-# ----------------------------------------------------------------------------------------- problem files
-
-
 def _field_error(where: str, field: str, message: str) -> TaskError:
     return TaskError(f"{where}: field `{field}`: {message}")
 
@@ -163,8 +153,7 @@ def validate_problem(obj: Any, where: str) -> dict[str, Any]:
 
 
 def load_problems(path: str | Path) -> list[dict[str, Any]]:
-    """Read and validate a problems JSONL file (blank lines allowed). Raises TaskError naming the line and
-    field of the first problem found."""
+    """Read and validate a problems JSONL file; TaskError names the line and field of the first problem."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -190,16 +179,13 @@ def load_problems(path: str | Path) -> list[dict[str, Any]]:
     return problems
 
 
-# ------------------------------------------------------------------------------------------- extraction
-
 _OPEN_RE = re.compile(r"([A-Za-z0-9_+.-]*)[ \t]*\n")  # after ```: a language tag, then the line ends
 _CLOSE_RE = re.compile(r"[ \t]*(?:\n|$)")  # after ```: nothing else on the line
 
 
 def extract_code(completion: str) -> str | None:
-    """The last complete fenced block tagged python / py / python3 or untagged; None if there is none.
-
-    An opening fence is ``` followed by an optional tag and a newline, anywhere in a line (models write
+    """The last complete fenced block tagged python / py / python3 or untagged; None if there is none. An
+    opening fence is ``` followed by an optional tag and a newline, anywhere in a line (models write
     `<think>...</think>```python`); a closing fence is ``` alone on its line (up to 3 spaces of indent).
     Linear in the length of the text."""
     found: str | None = None
@@ -227,23 +213,17 @@ def extract_code(completion: str) -> str | None:
     return found
 
 
-# ------------------------------------------------------------------------------------------------ pools
-
 _pools: dict[tuple[str, int], SandboxPool] = {}
 _pools_lock = threading.Lock()
 
 
 def shared_pool(isolation: str, workers: int) -> SandboxPool:
-    """One SandboxPool per (isolation, workers) per process, shared by every CodeTask (threads are idle
-    daemons when unused)."""
+    """One SandboxPool per (isolation, workers) per process, shared by every CodeTask (idle: daemons)."""
     key = (isolation, workers)
     with _pools_lock:
         if key not in _pools:
             _pools[key] = SandboxPool(workers or None, isolation=isolation)  # type: ignore[arg-type]
         return _pools[key]
-
-
-# ------------------------------------------------------------------------------------------------- task
 
 
 class CodeTask:
@@ -270,8 +250,6 @@ class CodeTask:
         self.limits = SandboxLimits(wall_s=p.timeout_s, memory_mb=p.memory_mb, processes=p.max_processes)
         self._sandbox_errors = 0
         self._errors_lock = threading.Lock()
-
-    # -------------------------------------------------------------------------------- Task protocol
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
         return self._pick(self.splits[split], index, split)
@@ -310,8 +288,6 @@ class CodeTask:
         order = list(range(len(items)))
         random.Random(stable_hash("code", self.seed, *key, epoch)).shuffle(order)
         return dict(items[order[pos]])
-
-    # ------------------------------------------------------------------------------------- batches
 
     def score_many(self, problems: Sequence[dict[str, Any]], completions: Sequence[str]) -> list[Score]:
         """Score a batch, running the sandboxed executions in parallel on the shared pool."""

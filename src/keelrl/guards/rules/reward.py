@@ -182,9 +182,8 @@ class RewardHackingThresholds(RuleThresholds):
 
 
 def reward_hacking(history: Sequence[Record], t: RewardHackingThresholds) -> Finding | None:
-    """Train reward up (above its start, and not below where it was at the best eval) while the strict
-    held-out checker (eval/accuracy) has fallen below its best for `min_evals` evals. Without enough evals,
-    train accuracy (the strict checker on the training samples) stands in for eval accuracy."""
+    """Train reward up (above its start, not below its level at the best eval) while eval/accuracy has been
+    below its best for `min_evals` evals; without enough evals, train accuracy stands in."""
     if (got := start_and_now(history, "reward/mean", t.window, t.window)) is None:
         return None
     r0, r_now, _ = got
