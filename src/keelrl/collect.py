@@ -1,9 +1,7 @@
-"""Collect a step's batch: draw problems, run episodes, score them, refill groups without signal.
-
-Every rank sees the same global list of problems and samples its shard; each row's sampling seed is
-derived from (train.seed, step, rollbacks, row), so a completion does not depend on how rows are split
-across ranks or batches, and a rollback does not replay the samples that led into trouble. Generation
-and scoring go through `episodes.py`, the path the evals use too.
+"""Collect a step's batch: draw problems, run episodes (episodes.py, the path evals use too), score them,
+refill groups without signal. Every rank sees the same global problem list and samples its shard; each
+row's seed is derived from (train.seed, step, rollbacks, row), so a completion does not depend on how rows
+are split across ranks or batches, and a rollback does not replay the samples that led into trouble.
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ from keelrl.tasks.base import score_safely
 
 
 def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int = 0) -> list[Rollout]:
-    """Draw `n` prompts (default: the step's; all ranks draw the same list) and generate group_size
-    completions for each prompt of this rank's shard. `attempt` > 0 marks a dynamic-sampling refill
-    (fresh seeds)."""
+    """Draw `n` prompts (default: the step's; the same list on all ranks) and generate group_size completions
+    for each prompt of this rank's shard. `attempt` > 0: a dynamic-sampling refill (fresh seeds)."""
     cfg, world = run.cfg, run.world
     problems = run.source.next_problems(cfg.prompts_per_step if n is None else n)
     per_rank = len(problems) // world.world_size

@@ -1,6 +1,5 @@
-"""Reading a config: TOML files, `--set KEY=VALUE` overrides, and validation errors a user can act on.
-
-Generic over the pydantic model; `keelrl.config` applies it to `Config` (`load_config`, `config_from_dict`).
+"""Reading a config: TOML files, `--set KEY=VALUE` overrides, and validation errors a user can act on. Generic
+over the pydantic model; `keelrl.config` applies it to `Config` (`load_config`, `config_from_dict`).
 """
 
 from __future__ import annotations

@@ -148,10 +148,9 @@ def sampling_weights(
     mixture: str = "fixed",
     revisit: float = 0.0,
 ) -> dict[str, float]:
-    """Bucket -> probability of drawing it (sums to 1). fixed: member t keeps its share task_weights[t], split
-    over its buckets by score (evenly if all its scores are 0). adaptive: weight task_weights[t] x score,
-    normalised over all buckets. Then a `revisit` share is spread over every bucket (each member's share
-    evenly over its buckets)."""
+    """Bucket -> probability of drawing it. fixed: member t keeps its share task_weights[t], split over its
+    buckets by score (evenly if all are 0); adaptive: task_weights[t] x score, normalised over all buckets.
+    Then a `revisit` share is spread over every bucket (each member's share evenly over its buckets)."""
     members: dict[str, list[str]] = {}
     for b in scores:
         members.setdefault(task_of[b], []).append(b)
@@ -434,9 +433,8 @@ def fill_batch(
     """Dynamic sampling: keep the informative groups among `groups` (this rank's `need` groups) and refill
     with `draw(n_global, round)` (draws n_global prompts, returns this rank's n_global / world_size groups,
     generated and scored) until every rank has `need` informative groups or `budget` extra prompts (global)
-    were drawn. Each round draws about shortfall / (share of informative groups so far, at least min_rate)
-    prompts per rank. Terminates: every round spends at least world_size prompts of a finite budget.
-    reduce_max / reduce_sum combine a per-rank integer over ranks (identity at world size 1), so every rank
+    were drawn (the share of informative groups is floored at min_rate). Terminates: every round spends at
+    least world_size prompts. reduce_max / reduce_sum combine a per-rank integer over ranks, so every rank
     takes the same decisions and the problem source stays identical everywhere."""
     stats = RefillStats(first_groups=len(groups))
     kept = [g for g in groups if informative(g)]

@@ -232,10 +232,9 @@ def demo_rl_config(
 def run_demo(
     seed: int = 0, minutes: float = 12.0, model: str = "tiny", out: str | Path = "runs/demo", threads: int = 1
 ) -> dict[str, Any]:
-    """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers. `threads` sets
-    torch's CPU threads for every stage. One is the default: the tiny model's kernels are too small for a
-    second thread to pay much, and OpenMP threads stall badly (10x measured here) when another program
-    competes for the cores."""
+    """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers. `threads`:
+    torch's CPU threads, default one: the tiny model's kernels are too small for a second to pay much, and
+    OpenMP threads stall badly (10x measured here) when another program competes for the cores."""
     if threads > 0:
         torch.set_num_threads(threads)
     from keelrl.config import config_from_dict

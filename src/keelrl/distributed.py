@@ -88,7 +88,6 @@ FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 def _attempt_store(rank: int, world_size: int, timeout_s: float) -> dist.Store | None:
     """The store a restarted torchrun group joins its process group through; None for torch's default.
-
     torchrun (torch 2.13) keeps one rendezvous store for all restart attempts and hands it to the workers
     (TORCHELASTIC_USE_AGENT_STORE). A restarted rank then finds the previous attempt's addresses of its peers
     there and connects to dead processes (measured with gloo: "connectFullMesh ... Connection refused", the

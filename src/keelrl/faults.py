@@ -1,8 +1,6 @@
-"""Chaos drills (`[faults]`): inject the failures a long run meets, on purpose, to rehearse recovery.
-
-Every fault fires at most once per run: before firing it is written to events.jsonl as kind "fault",
-and a restarted worker reads the events to know what already fired, so the restart a fault causes does
-not trigger it again. All faults are off by default.
+"""Chaos drills (`[faults]`, all off by default): inject the failures a long run meets, to rehearse recovery.
+Every fault fires at most once per run: it is written to events.jsonl (kind "fault") before firing, and a
+restarted worker reads the events, so the restart a fault causes does not trigger it again.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Load a policy and its tokenizer: hub id, local HF directory, keelrl checkpoint, GGUF file, or a tiny
-random model with a character tokenizer.
-
-Every failure a user can cause (missing path, a directory without a model, a file transformers cannot
-read, a hub id that cannot be fetched) raises `ModelLoadError` with one paragraph saying what was tried
-and what to do, instead of a traceback from inside transformers.
+"""Load a policy and its tokenizer: hub id, local HF directory, keelrl checkpoint, GGUF file, or a tiny random
+model with a character tokenizer. Every failure a user can cause (missing path, no model in a directory, a
+file transformers cannot read, a hub id that cannot be fetched) raises `ModelLoadError` with one paragraph
+saying what was tried and what to do, instead of a traceback from inside transformers.
 """
 
 from __future__ import annotations
@@ -241,15 +239,13 @@ def _ensure_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
 
 
 def compile_decoder(model: PreTrainedModel) -> None:
-    """torch.compile the model's decoder in place (train.compile). In place (`Module.compile`) keeps the
-    parameter names and the module tree, so checkpoints, state dicts and the sampler are unchanged; dynamic
-    shapes keep a new batch or sequence length from triggering a recompile. The head stays eager: keelrl runs
-    it only on the positions it scores. Without gradients (sampling) the rotary embedding runs eagerly, so its
-    cos/sin reach the compiled layers as tensors. Compiled along with them, inductor fused cos/sin into the
-    decode step's query-key reduction and recomputed them for every key position: one layer's decode attention
-    took 12.6 ms against 1.4 ms with cos/sin passed in (docs/decode_attention.json); in the sampler's profile,
-    1.7 against 1.1 ms per call. With gradients (the update) the same graph break measured no faster in two
-    A/Bs of the fast step, so there the rotary embedding is compiled with the layers."""
+    """torch.compile the model's decoder in place (train.compile, `Module.compile`: parameter names and module
+    tree unchanged, so are checkpoints, state dicts and the sampler); dynamic shapes avoid recompiles on new
+    lengths. The head stays eager: keelrl runs it only on scored positions. Without gradients (sampling) the
+    rotary embedding runs eagerly: compiled with the layers, inductor fused cos/sin into the decode step's
+    query-key reduction and recomputed them per key position (one layer's decode attention 12.6 ms against
+    1.4 ms, docs/decode_attention.json; 1.7 against 1.1 ms per call in the sampler's profile). With gradients
+    that graph break measured no faster in two A/Bs of the fast step, so there it compiles with the layers."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     target = decoder if isinstance(decoder, torch.nn.Module) else model
     target.compile(dynamic=True)

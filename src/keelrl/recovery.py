@@ -1,9 +1,9 @@
 """Recovery: checkpoints, the guards' actions (rollback, stop), preemption and the final export.
 
-A checkpoint is snapshotted to CPU memory and committed atomically by rank 0 (in a background thread
-when checkpoint.async_save); its bookkeeping (events, pruning, status) happens in the main thread in
-`collect_saves`. A rollback returns to the newest verified checkpoint marked healthy that was taken before
-the trouble began, skips the problems drawn since, and sets aside the checkpoints after it.
+A checkpoint is snapshotted to CPU memory and committed atomically by rank 0 (in a background thread when
+checkpoint.async_save); its bookkeeping (events, pruning, status) happens in the main thread in
+`collect_saves`. A rollback returns to the newest verified checkpoint marked healthy taken before the
+trouble began and skips the problems drawn since.
 """
 
 from __future__ import annotations

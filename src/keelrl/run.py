@@ -1,13 +1,10 @@
 """What a training run is made of, split by how long each part lives.
-
 - `TrainState` (state.py): everything a restart needs; saved in every checkpoint.
-- `Run`: fixed for the life of one worker process once `setup` has built it: the config, the world,
-  the run directory, tokenizer, task, sampler, sinks. Nothing in the loop assigns to it (the objects it
-  holds keep their own caches and cursors: the prompter's rendered prompts, the problem source, whose
-  cursor `TrainState.curriculum` saves).
-- `Live`: what changes while the process runs but is not needed by a restart, because it is rebuilt
-  from the run directory or from `TrainState` (the metric history the rules read, the guard engine,
-  pending checkpoint results, a SIGTERM's stop request).
+- `Run`: fixed for the life of one worker process once `setup` built it: config, world, run directory,
+  tokenizer, task, sampler, sinks. Nothing in the loop assigns to it (the objects it holds keep their own
+  caches and cursors, e.g. the problem source, whose cursor `TrainState.curriculum` saves).
+- `Live`: what changes while the process runs but a restart rebuilds from the run directory or from
+  `TrainState` (the metric history, the guard engine, pending checkpoint results, a SIGTERM's stop request).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Setup: config -> (Run, TrainState), and resume.
-
-Everything is checked before the run directory is created (a wrong config, task or model fails without
-leaving a half-made run behind). A run directory with checkpoints resumes from the newest one that
-verifies, unless the config changed in a way that changes what the run computes.
+"""Setup: config -> (Run, TrainState), and resume. Everything is checked before the run directory is created
+(a wrong config, task or model leaves no half-made run behind). A run directory with checkpoints resumes
+from the newest one that verifies, unless the config changed in a way that changes what the run computes.
 """
 
 from __future__ import annotations

@@ -54,8 +54,7 @@ def advantage_phase(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, float]
 @dataclass
 class TrainBatch:
     """Right-padded sequences (prompt + completion). target_mask[i, t] = 1 where position t predicts a
-    trainable completion token (built from prompt and completion lengths, never from pad ids); the
-    per-token tensors are aligned with it."""
+    trainable completion token (from lengths, never from pad ids); per-token tensors align with it."""
 
     input_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, T]

@@ -66,9 +66,8 @@ def scored_logits(model: PreTrainedModel, hidden: torch.Tensor, scored: torch.Te
     """The output head on the scored positions only: hidden [B, S, H], scored [B, S] bool -> logits [N, V]
     (row-major). For a bf16 matmul on CPU, oneDNN builds a kernel for every new shape, and the number of
     scored tokens differs in nearly every micro-batch: a 98-token head took 3.0 ms forward and 13.7 ms
-    backward at a new row count against 0.6 and 1.6 ms at a repeated one (benchmarks/cpu_overheads.py). There
-    the rows are padded to `padded_row_count` (row 0 repeated, its extra logits dropped), so the shapes
-    repeat."""
+    backward at a new row count against 0.6 and 1.6 ms at a repeated one (benchmarks/cpu_overheads.py), so
+    there the rows are padded to `padded_row_count` (row 0 repeated, its extra logits dropped)."""
     head = model.get_output_embeddings()
     index = scored.flatten().nonzero().squeeze(1)  # [N]
     n = int(index.numel())

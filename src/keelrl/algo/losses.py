@@ -45,8 +45,8 @@ def ppo_clip_loss(
     """PPO-clip with separate lower/upper ranges (DAPO's clip-higher) and optional dual clip. logprobs,
     old_logprobs [B, T]; advantages [B, T] (or broadcastable). Returns (loss [B, T], stats) where stats hold
     per-token float indicators `clipped_low` (ratio < 1 - clip_low with A < 0: gradient cut), `clipped_high`
-    (ratio > 1 + clip_high with A > 0), `dual_clipped`, and `ratio`. Dual clip (Ye et al. 2020): for A < 0 the
-    loss is capped at -c * A, so a huge ratio cannot explode it."""
+    (ratio > 1 + clip_high with A > 0), `dual_clipped`, `ratio`. Dual clip (Ye et al. 2020): for A < 0 the
+    loss is capped at -c * A."""
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)  # [B, T]
     unclipped = -advantages * ratio

@@ -122,9 +122,8 @@ def reference_completion(task: Task, problem: Mapping[str, Any], assistant_prefi
     """The completion (text after the prompt's assistant prefix) that states the reference answer in the
     task's format, checked by the task's own scorer: the first of `ANSWER</answer>` (after a prefix ending
     in `<answer>`), `</think>\\n<answer>ANSWER</answer>`, `<answer>ANSWER</answer>`, a ```python fenced
-    block, and ANSWER verbatim that scores as correct. The reference answer is the problem's "reference"
-    when it has one, else the task's optional `reference_answer(problem)` (see `Task`). None when there is
-    no reference or none scores."""
+    block, and ANSWER verbatim that scores as correct. The reference answer is the problem's "reference",
+    else the task's optional `reference_answer(problem)`. None when there is none or none scores."""
     own = getattr(task, "reference_answer", None)
     answer = str(problem["reference"]) if "reference" in problem else own(dict(problem)) if own else None
     if answer is None:

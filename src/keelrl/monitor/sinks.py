@@ -1,8 +1,6 @@
-"""Where per-step metrics go besides metrics.jsonl: the console, TensorBoard, Weights & Biases; and the one
-progress bar layout (`make_progress`) that training, eval and the demo all show.
-
-Resumed runs continue the same curves: TensorBoard purges events after the restored step, and W&B
-resumes the run id stored in the run directory.
+"""Where per-step metrics go besides metrics.jsonl (the console, TensorBoard, Weights & Biases), and the one
+progress bar layout (`make_progress`) that training, eval and the demo show. Resumed runs continue the same
+curves: TensorBoard purges events after the restored step, W&B resumes the run id stored in the run dir.
 """
 
 from __future__ import annotations
@@ -70,8 +68,7 @@ def make_progress(console: Console, transient: bool = False) -> Progress:
 
 class ProgressBar:
     """`with ProgressBar(console, label, total) as advance:` then `advance(k, info)` per k units done: a bar
-    on a terminal, elsewhere a line every tenth of the way. A transient bar vanishes when done (off a
-    terminal: prints nothing)."""
+    on a terminal, else a line every tenth of the way (a transient one vanishes when done, prints nothing)."""
 
     def __init__(
         self, console: Console, label: str, total: int, info: str = "", transient: bool = False

@@ -35,9 +35,8 @@ _HARNESS = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
 
 
 class Sandbox:
-    """One sandbox slot: one execution at a time. isolation: "auto" (strongest available, warning below bwrap)
-    or a level, which must work. limits: defaults for `run`. python: the code's interpreter (default:
-    ours)."""
+    """One sandbox slot, one execution at a time. isolation: "auto" (strongest available, warning below
+    bwrap) or a level, which must work; limits: defaults for `run`; python: the code's interpreter."""
 
     def __init__(
         self,

@@ -1,9 +1,7 @@
-"""The Task protocol: where problems come from, how they are asked, and how answers are checked.
-
-A task is deterministic: `problem(split, index)` is a pure function of the task's seed, the split and
-the index, so a data cursor is one integer, ranks shard by index, and a resumed run sees the same
-problems. Problems are plain JSON-serialisable dicts. `score` never raises on model output: anything
-the model can write yields a `Score`.
+"""The Task protocol: where problems come from, how they are asked, and how answers are checked. A task is
+deterministic: `problem(split, index)` is a pure function of the task's seed, the split and the index, so a
+data cursor is one integer, ranks shard by index, and a resumed run sees the same problems. Problems are
+JSON-serialisable dicts. `score` never raises on model output: anything the model writes yields a `Score`.
 """
 
 from __future__ import annotations
@@ -34,10 +32,9 @@ class Score:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A task's question, before rendering with a tokenizer. system: instructions (a system turn for chat
-    models, a preamble for base models; may be empty). user: the question. assistant_prefix: text the
-    assistant turn starts with; it is part of the prompt tokens, and the scorer sees it in front of the
-    completion."""
+    """A task's question, before rendering. system: instructions (a chat system turn, a base model's
+    preamble; may be empty). user: the question. assistant_prefix: the assistant turn's first words, part
+    of the prompt tokens; the scorer sees it in front of the completion."""
 
     system: str
     user: str

@@ -184,10 +184,9 @@ _CLOSE_RE = re.compile(r"[ \t]*(?:\n|$)")  # after ```: nothing else on the line
 
 
 def extract_code(completion: str) -> str | None:
-    """The last complete fenced block tagged python / py / python3 or untagged; None if there is none. An
-    opening fence is ``` followed by an optional tag and a newline, anywhere in a line (models write
-    `<think>...</think>```python`); a closing fence is ``` alone on its line (up to 3 spaces of indent).
-    Linear in the length of the text."""
+    """The last complete fenced block tagged python / py / python3 or untagged, or None. An opening fence is
+    ``` with an optional tag and a newline, anywhere in a line (`<think>...</think>```python`); a closing
+    fence is ``` alone on its line (up to 3 spaces of indent). Linear in the text's length."""
     found: str | None = None
     open_tag: str | None = None
     start = 0

@@ -1,9 +1,7 @@
-"""Multiplication (TinyZero's variant): compute a x b.
-
-Problem: `{"a": int, "b": int}` with `digits_a` and `digits_b` digits. Reward: 1.0 when the last
-`<answer>` block holds exactly the product as an integer (thousands separators `,` or `_` allowed),
-0.1 when it holds an integer that is wrong, 0.0 when there is no answer block or it is not an integer.
-Train and test are split by the unordered pair {a, b}, so a test pair never appears in training.
+"""Multiplication (TinyZero's variant): compute a x b, with `digits_a` and `digits_b` digits.
+Reward: 1.0 when the last `<answer>` block holds exactly the product as an integer (`,` or `_` thousands
+separators allowed), 0.1 for a wrong integer, 0.0 without an answer block or integer. Train and test are
+split by the unordered pair {a, b}, so a test pair never appears in training.
 """
 
 from __future__ import annotations
