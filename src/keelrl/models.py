@@ -165,8 +165,8 @@ def load_gguf(
             f"could not read the GGUF file {path}: {err}. transformers dequantises GGUF files of the architectures "
             "it knows (llama, qwen2, mistral, ...); check that the file is complete and of such an architecture."
         ) from None
-    # The weights are dequantised to `dtype` on load: the model is an ordinary one now. transformers still
-    # marks it as GGUF-quantised and then refuses save_pretrained (the final HF export); drop the mark.
+    # Dequantised to `dtype` on load, the model is ordinary, but transformers still marks it GGUF-quantised
+    # and then refuses save_pretrained (the final HF export): drop the mark.
     model.hf_quantizer = None
     model.is_quantized = False
     if getattr(model.config, "quantization_config", None) is not None:

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 SCHEMA = "keelrl.eval/1"
 
-# Direction of improvement per metric (+1 higher is better, -1 lower is better, 0 neither); names not
-# listed are matched by their last path component (so `sampled/truncated_frac` is -1).
+# Direction of improvement (+1 higher, -1 lower is better, 0 neither); unlisted names match by their last
+# path component (so `sampled/truncated_frac` is -1).
 _DIRECTION = {"truncated_frac": -1, "length/mean": 0, "perplexity": -1, "nll/token": -1}
 
 

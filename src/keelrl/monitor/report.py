@@ -35,8 +35,7 @@ PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Learning rate", ("lr",), "lr"),
 )
 
-# Metric families whose keys depend on the run (title, key prefix, key suffix, y-axis label): drawn after
-# PLOTS, one series per key, only when a run logged them.
+# Run-dependent metric families (title, key prefix, key suffix, y-axis label): after PLOTS, a series per key.
 FAMILY_PLOTS: tuple[tuple[str, str, str, str], ...] = (
     ("Curriculum: estimated pass rate per bucket", "curriculum/pass_rate/", "", "pass rate (posterior mean)"),
     ("Curriculum: sampling weight per bucket", "curriculum/weight/", "", "share of prompts"),

@@ -298,8 +298,7 @@ def trace_findings(traces: dict[str, Any], rollouts: Sequence[dict[str, Any]]) -
     return out
 
 
-# Per rule, the stored rollouts of its steps that show what it found (the last two are quoted); rules not
-# listed get no quotes.
+# Per rule, the stored rollouts that show what it found (the last two are quoted); others get no quotes.
 SAMPLE_PICKS: dict[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]]] = {
     "repetition": lambda rs: [r for r in rs if text_repetition(_text(r)) > REPETITION_THRESHOLD],
     "truncation_surge": lambda rs: [r for r in rs if r.get("finish_reason") == "length"],

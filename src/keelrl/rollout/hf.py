@@ -171,8 +171,7 @@ class HFSampler:
             prompt_mask[i, P - len(p) :] = 1
         input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
         positions = (prompt_mask.cumsum(-1) - 1).clamp_min(0)  # [U, P]
-        # The mask covers the whole cache from the start: completion slots are 1, and causality hides the
-        # ones not yet written.
+        # The mask covers the whole cache: completion slots are 1; causality hides those not yet written.
         attn = torch.cat([prompt_mask, prompt_mask.new_ones((U, N))], dim=1)  # [U, P + N]
         # under bf16 autocast the attention reads the cached keys/values as bf16 anyway: store them so
         cache = _new_cache(model, P + N, torch.bfloat16 if self.autocast == "bf16" else None)

@@ -138,8 +138,7 @@ def in_test_split(key: Any, seed: int, test_fraction: float) -> bool:
     return (stable_hash("split", seed, key) % 1_000_000) < test_fraction * 1_000_000
 
 
-# TinyZero's instructions, shared by its tasks ("base" template preamble, "chat" system turn) and the
-# words its assistant turn starts with.
+# TinyZero's instructions ("base" preamble, "chat" system turn) and its assistant turn's first words.
 SYSTEM_BASE = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
     "The assistant first thinks about the reasoning process in the mind and then provides the user with the answer."
