@@ -139,8 +139,7 @@ def sha256_file(path: Path) -> str:
 
 
 def stage_dir(checkpoints_dir: Path, step: int) -> Path:
-    """A new, empty temporary directory for checkpoint `step`, for files written before `write_snapshot`
-    (the shards every rank of a sharded run writes); pass it to `write_snapshot` as `staged`."""
+    """An empty temp directory for checkpoint `step`'s early files (shards): `write_snapshot`'s `staged`."""
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     tmp = checkpoints_dir / f".tmp-{step_dir_name(step)}-{os.getpid()}-staged"
     if tmp.exists():
@@ -269,8 +268,7 @@ def read_state(path: Path) -> dict[str, Any]:
 def find_resumable(
     checkpoints_dir: Path, healthy_only: bool = False
 ) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """Newest checkpoint that verifies (and is marked healthy, if asked), plus the (path, reason) of each
-    newer one that was passed over."""
+    """Newest checkpoint that verifies (and is healthy, if asked), and (path, reason) of newer ones skipped."""
     skipped: list[tuple[Path, str]] = []
     for path in committed(checkpoints_dir):
         problem = verify(path)

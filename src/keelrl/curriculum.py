@@ -170,8 +170,7 @@ def sampling_weights(
 
 
 def systematic_counts(weights: Sequence[float], n: int, u: float) -> list[int]:
-    """Split n draws over buckets by systematic sampling with offset u in [0, 1): bucket i gets
-    floor(n w_i) or ceil(n w_i) draws, the counts sum to n."""
+    """Systematic sampling, offset u in [0, 1): bucket i gets floor(n w_i) or ceil(n w_i), summing to n."""
     total = sum(weights)
     if n <= 0:
         return [0] * len(weights)

@@ -42,8 +42,7 @@ from keelrl.tasks.countdown import Countdown, random_expression
 
 
 def corpus_text(task: Countdown, index: int, seed: int) -> str:
-    """One pretraining example (prompt + completion, compact template) for train problem `index`: the
-    answer combines the numbers in the order the prompt shows them (largest first)."""
+    """One pretraining example (compact template) for train problem `index` (see the module docstring)."""
     problem = task.problem("train", index)
     rng = random.Random(stable_hash("corpus", seed, index))
     numbers = sorted(problem["numbers"], reverse=True)
@@ -57,8 +56,7 @@ def corpus_text(task: Countdown, index: int, seed: int) -> str:
 
 
 def in_order_expression(numbers: list[int], rng: random.Random) -> str:
-    """Numbers (largest first) joined left to right by random operations that keep every intermediate value
-    a positive integer: e.g. [37, 12] -> "37-12"."""
+    """Numbers (largest first) joined by random operations with positive integer results: "37-12"."""
     text, value = str(numbers[0]), numbers[0]
     for n in numbers[1:]:
         ops = ["+", "*", "-"] if value > n else ["+", "*"]

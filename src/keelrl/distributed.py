@@ -56,8 +56,7 @@ def under_torchrun() -> bool:
 
 
 def init_world(device_pref: str = "auto", backend: str = "auto", timeout_s: float = 300.0) -> World:
-    """Read torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK; single process when absent) and, for more
-    than one process, join the default process group."""
+    """Read torchrun's RANK, WORLD_SIZE, LOCAL_RANK (absent: one process); with several, join the group."""
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -162,8 +161,7 @@ def loss_scale(world: World) -> float:
 
 @contextlib.contextmanager
 def grad_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """Inside, backward synchronises gradients across ranks only when `enabled` (the last micro-batch of an
-    optimizer step); earlier micro-batches accumulate locally."""
+    """Inside, backward syncs gradients across ranks only when `enabled` (a step's last micro-batch)."""
     if enabled:
         yield
         return

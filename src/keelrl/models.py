@@ -255,8 +255,7 @@ def compile_decoder(model: PreTrainedModel) -> None:
 
 
 def _eager_without_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """`forward`, kept out of torch.compile's graph when gradients are off (dynamo guards on grad mode, so
-    the two cases compile separately)."""
+    """`forward`, kept out of torch.compile's graph when gradients are off (dynamo guards on grad mode)."""
     eager = torch.compiler.disable(forward)
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:

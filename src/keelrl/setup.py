@@ -230,8 +230,7 @@ def restore_or_start(
 
 
 def observed_failures(run_dir: RunDir) -> tuple[int, float]:
-    """(failures, wall seconds) of this run so far, from events.jsonl and metrics.jsonl: the inputs of the
-    automatic checkpoint interval."""
+    """(failures, wall seconds) of this run so far: the inputs of the automatic checkpoint interval."""
     events = run_dir.events()
     failures = sum(1 for e in events if e.get("kind") == "restart")
     times = [float(e["time"]) for e in events if "time" in e]

@@ -99,8 +99,7 @@ class Attempt:
 
 
 def _die_with_parent() -> None:
-    """In the worker, before exec: on Linux, ask the kernel to SIGKILL it if the supervisor dies, so a killed
-    supervisor never leaves an unsupervised worker behind."""
+    """In the worker, before exec: on Linux, the kernel SIGKILLs it if the supervisor dies (no orphan)."""
     if sys.platform.startswith("linux"):
         import ctypes
 

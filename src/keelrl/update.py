@@ -151,8 +151,7 @@ def forward_logprobs(
 def prepare_batch(
     run: Run, state: TrainState, rollouts: list[Rollout]
 ) -> tuple[TrainBatch, dict[str, float]]:
-    """Collate, and attach old-policy, reference and IS-weight log-probs. Measures the sampler/trainer
-    log-prob gap whenever the trainer recomputes (mismatch/*)."""
+    """Collate; attach old-policy, reference and IS-weight log-probs; measure mismatch/* when recomputing."""
     cfg, a, world = run.cfg, run.cfg.algo, run.world
     batch = collate(rollouts, run.tokenizer.pad_token_id or 0, world.device)
     temp, mbs = run.settings.temperature, cfg.train.micro_batch_size

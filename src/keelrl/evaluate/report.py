@@ -201,8 +201,7 @@ def metric_direction(name: str) -> int:
 
 
 def verdict(lo: float, hi: float, direction: int = 1) -> str:
-    """better / worse / indistinguishable for an interval [lo, hi] of B - A. For a metric with no
-    preferred direction (direction 0) the words are higher / lower / indistinguishable."""
+    """better / worse / indistinguishable for an interval [lo, hi] of B - A (direction 0: higher / lower)."""
     if lo > 0:
         return "better" if direction > 0 else "worse" if direction < 0 else "higher"
     if hi < 0:

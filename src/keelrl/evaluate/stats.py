@@ -85,8 +85,7 @@ def majority_vote(answers: Sequence[str | None], correct: Sequence[bool]) -> boo
 
 @functools.lru_cache(maxsize=64)
 def _subsets(n: int, k: int, seed: int) -> np.ndarray:
-    """[S, k] sample indices (ascending in each row): all k-subsets of range(n), or MAJ_MAX_SUBSETS random
-    ones drawn with `seed` when there are more. Cached; read-only."""
+    """[S, k] ascending sample indices: all k-subsets of range(n), or MAJ_MAX_SUBSETS seeded random ones."""
     if math.comb(n, k) <= MAJ_MAX_SUBSETS:
         out = np.array(list(itertools.combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
     else:

@@ -82,8 +82,7 @@ def is_train_record(record: Record) -> bool:
 
 
 def tail(history: Sequence[Record], key: str, n: int, limit: int | None = None) -> list[tuple[int, float]]:
-    """The last `n` finite (step, value) pairs of `key`, oldest first, looking back at most `limit`
-    records (default 4n + 20, so a key that is never logged costs little)."""
+    """The last `n` finite (step, value) pairs of `key`, oldest first, within `limit` records (4n + 20)."""
     limit = 4 * n + 20 if limit is None else limit
     return _finite(history, key, n, range(len(history) - 1, max(-1, len(history) - 1 - limit), -1))[::-1]
 

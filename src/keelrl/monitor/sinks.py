@@ -49,8 +49,7 @@ def format_metrics(metrics: dict[str, Any]) -> str:
 
 
 def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
-    """A rich Console; when it is not a terminal (a pipe, a log file, the supervisor's log) it is at least 120
-    columns wide, where rich would wrap every line at 80."""
+    """A rich Console, at least 120 columns wide off a terminal (where rich would wrap every line at 80)."""
     console = Console(stderr=stderr, highlight=highlight)
     if not console.is_terminal:
         console.width = max(console.width, 120)

@@ -46,8 +46,7 @@ _STRIP = "()[]{}<>.,;:!?\"'`*"
 
 
 def repetition_rate(tokens: Sequence[int], n: int = REPETITION_N) -> float:
-    """Share of the completion's n-grams that repeat an earlier n-gram (0 = none repeat). Sequences with
-    fewer than 2n tokens count as 0: too short to call repetitive."""
+    """Share of n-grams that repeat an earlier one; fewer than 2n tokens count as 0 (too short to tell)."""
     if len(tokens) < 2 * n:
         return 0.0
     grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]

@@ -76,8 +76,7 @@ def generate(
 
 
 def score(task: Task, rollouts: Sequence[Rollout], score_fn: ScoreFn | None = None) -> list[str]:
-    """Score each rollout's assistant prefix + completion text in place (reward, correct, info); returns
-    the checker errors (those samples scored 0 with info reason `score_error`)."""
+    """Score each rollout's assistant prefix + completion in place; returns the checker errors (scored 0)."""
     problems = [r.problem for r in rollouts]
     texts = [r.prefix + r.text for r in rollouts]
     scores, errors = (score_fn or (lambda p, t: score_safely(task, p, t)))(problems, texts)

@@ -308,8 +308,7 @@ class ScorerPool:
 
 
 def group_chunks(prompts: list[list[int]], order: list[int], parts: int) -> list[list[int]]:
-    """Cut `order` (row indices, identical prompts adjacent) into about `parts` runs of similar size, never
-    between two rows with the same prompt (a group stays together and shares its prefill)."""
+    """Cut `order` (identical prompts adjacent) into about `parts` similar runs, never inside a group."""
     target = max(1, math.ceil(len(order) / max(1, parts)))
     chunks: list[list[int]] = []
     for row in order:
@@ -321,8 +320,7 @@ def group_chunks(prompts: list[list[int]], order: list[int], parts: int) -> list
 
 
 class SamplingWorker:
-    """One Ray actor: builds the policy and an `HFSampler` once, loads the weights it is sent, and generates
-    chunks with the weights version each chunk names."""
+    """One Ray actor: an `HFSampler` over its own policy, generating with the weights version chunks name."""
 
     def __init__(
         self, model: ModelConfig, share_prefix: bool, autocast: Autocast, threads: int, compile: bool = False
@@ -420,8 +418,7 @@ class SamplerPool:
             actor.load_weights.remote(self._weights, self._version)
 
     def update_weights(self, weights: NamedTensors, version: int) -> None:
-        """Send the named tensors to every actor, unless they already hold `version` (the trainer bumps the
-        version with every update and restores it with the weights on rollback or resume)."""
+        """Send the named tensors to every actor, unless they hold `version` (kept on rollback/resume)."""
         if version == self._version:
             return
         ray = import_ray()

@@ -90,8 +90,7 @@ def unknown_bucket(task_name: str, bucket: str, buckets: list[str]) -> ValueErro
 
 
 def score_batch(task: Task, problems: list[dict[str, Any]], completions: list[str]) -> list[Score]:
-    """Score many completions: the task's own `score_many` when it has one (e.g. the code task runs its
-    sandboxes in parallel), otherwise `score` one by one."""
+    """Score many completions: the task's `score_many` if any (code: parallel sandboxes), else `score`."""
     many = getattr(task, "score_many", None)
     if many is not None:
         return list(many(problems, completions))

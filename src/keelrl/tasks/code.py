@@ -272,8 +272,7 @@ class CodeTask:
         return known + sorted(found - set(known))
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        """The `index`-th problem of `split` with difficulty `bucket`: a seeded permutation of those
-        problems, a new one each pass (problems repeat, so a curriculum can track each one)."""
+        """The `index`-th problem of `split` in `bucket`, from a new seeded permutation each pass."""
         if bucket not in self.buckets():
             raise unknown_bucket(self.name, bucket, self.buckets())
         items = [p for p in self.splits[split] if self.difficulty(p) == bucket]

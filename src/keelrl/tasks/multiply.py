@@ -121,8 +121,7 @@ class Multiply:
         return self._generate(split, index, da, db, bucket)
 
     def _generate(self, split: Split, i: int, da: int, db: int, bucket: str | None = None) -> dict[str, Any]:
-        """Seeded draws of a `da`-digit times `db`-digit pair until one falls in `split` (a bucket, when
-        given, is part of the seed: each bucket has its own stream)."""
+        """Seeded draws of a `da` x `db`-digit pair until one is in `split` (a bucket has its own stream)."""
         key = (split, i) if bucket is None else (split, bucket, i)
         for attempt in range(10_000):
             rng = random.Random(stable_hash("multiply", self.seed, *key, attempt))

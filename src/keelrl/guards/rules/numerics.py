@@ -79,8 +79,7 @@ class GradSpikeThresholds(RuleThresholds):
 
 
 def grad_spike(history: Sequence[Record], t: GradSpikeThresholds) -> Finding | None:
-    """The latest grad_norm against the `window` before it. For a check before the optimizer step, append
-    a record {"step": s, "grad_norm": g} to the history first."""
+    """The latest grad_norm against the `window` before it (a pre-step check appends its record first)."""
     if not history:
         return None
     g = metric_value(history[-1], "grad_norm")

@@ -217,8 +217,7 @@ class TruncationSurgeThresholds(RuleThresholds):
 
 
 def truncation_surge(history: Sequence[Record], t: TruncationSurgeThresholds) -> Finding | None:
-    """Many completions cut at the length limit: a surge (risen) is a warning or critical; a level that was
-    high from the start is info."""
+    """Many completions cut at the length limit: a surge is a warning or critical, a high start is info."""
     if (got := start_and_now(history, "response_length/truncated_frac", t.baseline_steps, t.window)) is None:
         return None
     f0, f, cur = got

@@ -86,7 +86,7 @@ def reward_collapse(history: Sequence[Record], t: RewardCollapseThresholds) -> F
 class NoSignalThresholds(RuleThresholds):
     """Most groups have all-equal rewards, so they give no gradient."""
 
-    # action stays "warn". REFERENCE (prototype): the lift came suddenly after ~225 flat steps; stop kills it.
+    # action stays "warn". REFERENCE (prototype): the lift came suddenly after ~225 flat steps: don't stop.
     # 5 steps: at 8+ groups per step the fraction moves in steps of 1/8 or less, and a run whose first steps
     # carry no signal at all should hear it early.
     window: int = Field(5, ge=1, description="Steps averaged for groups/no_signal_frac.")
