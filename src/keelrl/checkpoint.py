@@ -268,7 +268,7 @@ def read_state(path: Path) -> dict[str, Any]:
 def find_resumable(
     checkpoints_dir: Path, healthy_only: bool = False
 ) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """Newest checkpoint that verifies (and is healthy, if asked), and (path, reason) of newer ones skipped."""
+    """Newest checkpoint that verifies (and is healthy, if asked), and (path, reason) of newer ones."""
     skipped: list[tuple[Path, str]] = []
     for path in committed(checkpoints_dir):
         problem = verify(path)

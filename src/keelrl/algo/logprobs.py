@@ -84,7 +84,7 @@ def _cache_kwarg(module: torch.nn.Module) -> str:
 
 
 def supports_prefix_sharing(model: PreTrainedModel) -> bool:
-    """Prefix sharing needs full-past attention in every layer (no sliding window, linear, recurrent), a KV cache."""
+    """Needs full-past attention in every layer (no sliding window, linear, recurrent) and a KV cache."""
     cfg = model.config
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return False

@@ -122,7 +122,7 @@ def svg_plot(
     width: int = 470,
     height: int = 250,
 ) -> str:
-    """An inline SVG line plot with (step, kind, tooltip) `markers`; non-finite values: red crosses on top."""
+    """An inline SVG line plot with (step, kind, tooltip) `markers`; non-finite values: red top crosses."""
     left, right, top, bottom = 62, 12, 28, 40
     pw = width - left - right
     legend, rows = _legend_layout(series, pw)
