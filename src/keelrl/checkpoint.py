@@ -13,8 +13,8 @@ symlink) swapped and are old checkpoints deleted. A crash at any point leaves th
 intact; a half-written directory never has a final name. A checkpoint whose manifest does not verify is
 skipped on load in favour of the next older one.
 
-`snapshot()` copies the state to CPU memory (all the loop waits for) and `write_snapshot()` writes it;
-`AsyncCheckpointer` writes in a background thread, one save in flight at a time.
+`snapshot()` copies the state to CPU memory (all the loop waits for); `write_snapshot()` writes it, in a
+background thread under `AsyncCheckpointer`.
 """
 
 from __future__ import annotations
@@ -98,9 +98,8 @@ def snapshot(
     whole_policy: torch.nn.Module | None = None,
     optimizer_state: dict[str, Any] | None = None,
 ) -> Snapshot:
-    """Copy everything a restart needs to CPU memory. A sharded run (FSDP2) passes the policy's whole-weights
-    copy and, as `optimizer_state`, the record `{"format": "sharded", "with_state": ...}` of what
-    `distributed.save_sharded` wrote."""
+    """Copy everything a restart needs to CPU memory. A sharded run passes the whole-weights copy and, as
+    `optimizer_state`, `{"format": "sharded", "with_state": ...}` (what `save_sharded` wrote)."""
     policy = whole_policy if whole_policy is not None else train_state.policy
     weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in untied_state_dict(policy).items()}
     if optimizer_state is None:
@@ -335,9 +334,8 @@ def rollback_anchor(checkpoints_dir: Path, before_step: int) -> str | None:
 def prune(
     checkpoints_dir: Path, keep_last: int, keep_best: int, best_metric: str, protect: tuple[str, ...] = ()
 ) -> list[Path]:
-    """After a commit, delete checkpoints that are neither among the newest `keep_last` or the `keep_best`
-    best by `best_metric` (state.json), nor `latest`, nor in `protect`, and leftovers of interrupted saves.
-    Returns what was deleted."""
+    """After a commit, delete checkpoints not among the newest `keep_last` or `keep_best` (by `best_metric`),
+    nor `latest`, nor in `protect`, and leftovers of interrupted saves; returns what was deleted."""
     ckpts = committed(checkpoints_dir)
     keep = {p.name for p in ckpts[:keep_last]} | set(protect)
     latest = checkpoints_dir / LATEST
@@ -366,8 +364,7 @@ def prune(
 
 
 class AsyncCheckpointer:
-    """Writes snapshots in a background thread, at most one in flight: `submit` waits for the previous
-    write to finish first. Errors of a background write surface at the next `submit` or `wait`."""
+    """Writes snapshots in a background thread, one in flight; its errors surface at `submit` or `wait`."""
 
     def __init__(self, on_done: Callable[[Path | None, BaseException | None, Snapshot], None]) -> None:
         self.on_done = on_done

@@ -73,9 +73,8 @@ def pool_metrics(run: Run, state: TrainState) -> dict[str, float]:
 def curriculum_phase(
     run: Run, state: TrainState, rollouts: list[Rollout]
 ) -> tuple[list[Rollout], dict[str, float], int]:
-    """Dynamic sampling (when on, see `curriculum.fill_batch`), then the problem source observes every group
-    generated this step (all ranks). Returns the batch to train on, the curriculum/... and task/...
-    metrics, and the refills' checker errors."""
+    """Dynamic sampling (`curriculum.fill_batch`, when on), then the problem source observes every group of
+    this step (all ranks). Returns the batch, the curriculum/... and task/... metrics, the refills' errors."""
     cfg, world = run.cfg, run.world
     G = cfg.rollout.group_size
     groups = [rollouts[i : i + G] for i in range(0, len(rollouts), G)]

@@ -2,7 +2,6 @@
 
 A problem source hands the trainer the next `n` train problems, learns from how each group went (`observe`),
 and keeps its state JSON-serialisable in `TrainState.curriculum`, so a resumed run sees the same problems.
-
 - `SequentialSource`: train problems in index order (`curriculum.kind = "sequential"`).
 - `AdaptiveSource` (`"adaptive"`): each prompt comes from a difficulty bucket (`task.buckets()`, easiest
   first; a mixture's are "<member>/<bucket>"). A bucket's pass rate is a Beta(1, 1) posterior over counts
@@ -204,8 +203,7 @@ class _StepCounts:
 
 
 class AdaptiveSource:
-    """Adaptive curriculum over difficulty buckets (see the module docstring). Deterministic given its
-    state: every choice is seeded by (seed, draw number), and the state is plain JSON."""
+    """Adaptive curriculum (module docstring); every choice is seeded by (seed, draw number)."""
 
     def __init__(self, task: Task, cfg: CurriculumConfig, seed: int) -> None:
         self.task, self.cfg, self.seed = task, cfg, seed

@@ -13,7 +13,6 @@ So the corpus teaches the format, copying the numbers and "each number once", bu
 a target-blind policy hits the target with probability p(target) under the answer generator, which
 `chance_accuracy` computes exactly (about 0.33). RL has to learn to read the target and pick the operation.
 The reward cannot be gamed: the Countdown checker evaluates the expression exactly.
-
 What did not work (docs/RESULTS.md): three numbers with a stated value (`<answer>12*3-7=29</answer>`) left the
 tiny model at 0% (its one-shot arithmetic was wrong); three numbers, answer only, gave a base model at chance
 (11%) that GRPO did not move on held-out sets in 170 steps; step-by-step attempts with verdicts ("...=29 no;")
@@ -115,8 +114,7 @@ def pretrain(
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
 ) -> PretrainResult:
-    """Plain next-token training (every token, EOS included) on texts make_text(0), make_text(1), ...
-    AdamW with linear warm-up and cosine decay. Padding is masked by length."""
+    """Next-token training (EOS in, padding masked) on make_text(i); AdamW, linear warm-up, cosine decay."""
     torch.manual_seed(seed)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -178,8 +176,8 @@ SMOLLM2_TASK_PARAMS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class DemoPlan:
-    """How much work each stage gets. Fixed step counts (not wall-clock budgets) keep a seed's result the
-    same on any machine; `--minutes` scales them, calibrated on a 2-core laptop-class CPU."""
+    """Work per stage: fixed step counts keep a seed's result machine-independent; `--minutes` scales them
+    (calibrated on a 2-core laptop-class CPU)."""
 
     pretrain_steps: int
     pretrain_batch: int
@@ -306,9 +304,8 @@ def run_demo(
 
 
 def smollm2_rl_config(task_params: dict[str, Any], minutes: float, seed: int) -> dict[str, Any]:
-    """RL for SmolLM2-135M-Instruct on two-number Countdown, answer only (it cannot yet reason in text):
-    chat template, 32 completions per step at temperature 0.7, a low learning rate. About 20 s per step
-    with one thread on this 2-core machine, so `minutes` sets the step count."""
+    """RL for SmolLM2-135M-Instruct on two-number Countdown, answer only (it cannot yet reason in text): chat
+    template, 32 completions per step at temperature 0.7, low lr; ~20 s per step on one thread here."""
     steps = max(2, int(minutes * 60 / 20))
     every = max(1, steps // 4)
     return {

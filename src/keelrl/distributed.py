@@ -115,8 +115,7 @@ def _attempt_store(rank: int, world_size: int, timeout_s: float) -> dist.Store |
 
 
 def close_world() -> None:
-    """Leave the process group together: a rank that tears its group down while a peer is still in a
-    collective (or destroys it alone, after the peer exited) can block for the whole timeout."""
+    """Leave the process group together: a rank tearing it down alone can block for the whole timeout."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -215,9 +214,8 @@ def _sharded_state(
 def load_sharded(
     policy: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, with_optimizer: bool
 ) -> None:
-    """Read what `save_sharded` wrote into a sharded policy and its optimizer (a collective; each rank reads
-    the slices of its own shards). Without saved optimizer state the optimizer is reset to empty, as a
-    single-process `load_state_dict` of a step-0 checkpoint does."""
+    """Read what `save_sharded` wrote (a collective; each rank reads its own shards). Without saved optimizer
+    state the optimizer is reset to empty, as a single-process step-0 `load_state_dict` does."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -265,9 +263,8 @@ def all_reduce_stats(stats: dict[str, float], world: World) -> dict[str, float]:
 
 
 def agree_on_norm(value: float, world: World) -> float:
-    """One value every rank agrees on for a per-rank gradient norm: NaN when any rank's is not finite,
-    else the largest. The per-step guards judge it, so all ranks skip (or apply) an update together, even
-    when only one rank's gradients went bad after the synchronisation."""
+    """A per-rank gradient norm every rank agrees on (NaN if any is not finite, else the largest), so all
+    ranks skip or apply an update together even when one rank's gradients went bad after the sync."""
     if world.world_size == 1:
         return value
     finite = math.isfinite(value)

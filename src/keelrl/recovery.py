@@ -157,9 +157,8 @@ def guard_phase(run: Run, state: TrainState) -> str:
 
 
 def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
-    """Roll back (see the module docstring), optionally scaling the learning rate. Later checkpoints are
-    renamed `rolled_back-...`, so a crash now cannot resume into the trouble. False when no rollback is
-    possible (none left, or none healthy): the run then stops."""
+    """Roll back (module docstring), optionally scaling the lr; later checkpoints become `rolled_back-...`,
+    so a crash cannot resume into the trouble. False when none is possible: the run then stops."""
     cfg = run.cfg.guards
 
     def refuse(reason: str) -> bool:

@@ -106,8 +106,7 @@ class Run:
         return self.sampler_model if is_sharded(state.policy) else state.policy
 
     def sync_sampler(self, state: TrainState) -> None:
-        """Hand the sampler the current weights, tagged with the policy version. A sharded policy is
-        gathered (every rank takes part) into the whole-weights copy first."""
+        """Hand the sampler the current weights and policy version (a sharded policy is gathered first)."""
         if is_sharded(state.policy):
             self.sampler_model.load_state_dict(full_state_dict(state.policy))
         self.sampler.update_weights(untied_state_dict(self.sampler_model).items(), state.policy_version)

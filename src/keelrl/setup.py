@@ -198,8 +198,7 @@ def shutdown_engines(engines: list[Any]) -> None:
 def restore_or_start(
     run_dir: RunDir, state: TrainState, resume: ResumeMode, config_dict: dict[str, Any]
 ) -> None:
-    """Load the newest checkpoint that verifies into `state` (skipping broken ones, with an event each) and
-    drop the metric lines after it; or start from scratch."""
+    """Load the newest verified checkpoint into `state` (an event per broken one), or start from scratch."""
     has_checkpoints = bool(ckpt.committed(run_dir.checkpoints))
     if resume == "never" and (has_checkpoints or run_dir.metrics_file.exists()):
         raise ResumeError(

@@ -14,11 +14,11 @@ doubles per consecutive restart (capped at 60 s), at most `max_restarts` per `re
 `crash_loop_restarts` consecutive attempts die without passing the previous one's step, the supervisor stops
 and says so, with the tail of the worker's log, instead of burning the budget.
 
-Preemption. SIGTERM or SIGINT is forwarded to the worker as SIGTERM; it finishes its step, checkpoints and
-exits 0 with state "preempted". A second signal kills it at once.
+Preemption. SIGTERM/SIGINT reaches the worker as SIGTERM: it finishes its step, checkpoints and exits 0
+("preempted"); a second signal kills it at once.
 
-status.json belongs to the supervisor while it runs; every restart is an event with its cause and the steps
-lost. A worker without a supervisor (`--no-supervisor`, or `keelrl.trainer.train`) writes status.json itself.
+status.json is the supervisor's while it runs (`--no-supervisor`: the worker's); every restart is an event
+with its cause and the steps lost.
 """
 
 from __future__ import annotations

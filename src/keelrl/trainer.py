@@ -46,8 +46,8 @@ __all__ = ["GuardStop", "ResumeError", "setup", "train", "train_step"]
 
 
 def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dict[str, Any]:
-    """Run (or resume) RL training into `run_path`; returns the summary written to summary.json (or
-    {"state": "preempted"} when a SIGTERM asked the run to checkpoint and stop)."""
+    """Run (or resume) RL training into `run_path`; returns summary.json's content ({"state": "preempted"}
+    after a SIGTERM)."""
     run, state = setup(cfg, run_path, resume)
     world = run.world
     if run.console is not None:

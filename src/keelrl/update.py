@@ -36,9 +36,8 @@ from keelrl.supervisor import pulse
 
 
 def advantage_phase(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, float], float]:
-    """Advantages from the global batch's rewards (every rank gathers all rewards, so batch-level
-    estimators see the same numbers everywhere, and keeps its own slice). Returns the estimator's metrics
-    and the batch's mean |advantage| (the per-step guards scale their loss bound by it)."""
+    """Advantages from the global batch's rewards (gathered on every rank, each keeping its slice); returns
+    the estimator's metrics and the mean |advantage| (the per-step guards scale their loss bound by it)."""
     a = run.cfg.algo
     local = [r.reward for r in rollouts]
     rewards = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)
@@ -174,8 +173,7 @@ def prepare_batch(
 def mismatch_metrics(
     trainer_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor, world: World
 ) -> dict[str, float]:
-    """Sampler vs trainer on the same tokens: mismatch/kl is the token mean of k3(sampler || trainer) (an
-    estimate of KL between the two), mismatch/max_abs the largest |log-prob gap|."""
+    """Sampler vs trainer: mismatch/kl, the token mean of k3(sampler || trainer), and mismatch/max_abs."""
     log_r = (trainer_lp - sampler_lp).clamp(-20, 20) * mask
     k3 = (torch.exp(log_r) - 1 - log_r) * mask
     n = all_reduce_sum(float(mask.sum()), world)

@@ -126,9 +126,8 @@ class PrefixPlan:
 def plan_prefix_sharing(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor
 ) -> PrefixPlan | None:
-    """Right-padded input_ids/attention_mask [B, T], scored [B, T] (positions whose next token is scored).
-    The prefix of row i is everything before its first scored position (before its last token when
-    nothing is scored). Returns None when no two rows share a prefix, or a row has an empty prefix."""
+    """Right-padded input_ids/attention_mask [B, T], scored [B, T]. Row i's prefix is everything before its
+    first scored position (or last token). None when no two rows share a prefix, or one is empty."""
     B, T = input_ids.shape
     lengths = attention_mask.sum(dim=1)  # [B]
     any_scored = scored.any(dim=1)  # [B]
@@ -224,9 +223,8 @@ def completion_logprobs(
 
 
 class LogprobModule(torch.nn.Module):
-    """`completion_logprobs` of `model` as a module, so one forward call covers everything the training
-    forward runs (the shared-prefix path calls the decoder and the head separately). This is the module
-    DistributedDataParallel wraps and FSDP2 shards: their hooks see a single forward per micro-batch."""
+    """`completion_logprobs` of `model` as a module: one forward call covers the decoder and head calls, so
+    the hooks of DistributedDataParallel and FSDP2 (which wrap this) see one forward per micro-batch."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()

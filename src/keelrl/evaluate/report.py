@@ -216,9 +216,9 @@ def compare_results(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Paired comparison of B against A (reports or their JSON) for every metric both have: {"level",
-    "problems", "metrics": {name: {"a", "b", "diff", "ci": [lo, hi], "verdict"}}, "only_in_a", "only_in_b",
-    "setting_differences"}. Raises ComparisonError if the problem lists differ."""
+    """Paired comparison of B against A (reports or JSON) for every metric both have: {"level", "problems",
+    "metrics": {name: {"a", "b", "diff", "ci": [lo, hi], "verdict"}}, "only_in_a", "only_in_b",
+    "setting_differences"}; ComparisonError if the problem lists differ."""
     ra, rb = (x if isinstance(x, EvalReport) else EvalReport.from_json(x, n) for x, n in ((a, "A"), (b, "B")))
     pa, pb = ra.problems(), rb.problems()
     if len(pa) != len(pb):

@@ -85,8 +85,7 @@ class ProblemResult:
 
 
 def extracted_answer(info: Mapping[str, Any], completion: str, formatted: bool) -> str | None:
-    """The answer a sample votes for: the scorer's `info["answer"]` when it gives one; otherwise the whole
-    completion when it was well-formed (e.g. a program), else None (no vote)."""
+    """A sample's vote: the scorer's `info["answer"]`, else the completion if well-formed, else None."""
     if "answer" in info:
         return None if info["answer"] is None else str(info["answer"])
     return completion.strip() if formatted else None

@@ -53,10 +53,9 @@ _PLAIN_INT_RE = re.compile(r"^[+-]?\d+$")
 
 
 def normalize_answer(answer: str | None) -> str | None:
-    """The key under which answers vote together in maj@k: all whitespace removed and case folded, and an
-    integer written with thousands separators (`1,234`, `1_234`), a sign or leading zeros reduced to its
-    canonical decimal form. Empty or missing answers are None (no vote). This is textual: two different
-    expressions with the same value (`1+2` and `2+1`) are different answers."""
+    """The key under which answers vote together in maj@k: whitespace removed, case folded, and an integer
+    with thousands separators (`1,234`, `1_234`), a sign or leading zeros in canonical form. Empty: None (no
+    vote). Textual: `1+2` and `2+1` are different answers."""
     if answer is None:
         return None
     key = "".join(answer.split()).casefold()
@@ -137,8 +136,7 @@ _SAMPLE_STATS = {"reward/mean": "rewards", "format_rate": "formatted", "truncate
 def problem_metrics(
     greedy: Sequence[ProblemResult] | None, sampled: Sequence[ProblemResult] | None, ks: Sequence[int] = ()
 ) -> dict[str, np.ndarray]:
-    """Per-problem value of every metric ([P] arrays, problems in order); a metric's value is the mean.
-    `greedy`: one greedy completion per problem (or None); `sampled`: n samples per problem (or None)."""
+    """Per-problem value of every metric ([P] arrays, in order) from the `greedy` and/or `sampled` pass."""
     table: dict[str, np.ndarray] = {}
 
     def means(results: Sequence[ProblemResult], attr: str) -> np.ndarray:

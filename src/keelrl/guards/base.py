@@ -169,8 +169,8 @@ def finding(
 def start_and_now(
     history: Sequence[Record], key: str, baseline_steps: int, window: int
 ) -> tuple[float, float, list[tuple[int, float]]] | None:
-    """(mean of the first `baseline_steps` values of `key`, mean of the last `window`, those last pairs);
-    None until both are full and the last window begins after the first ends."""
+    """(mean of the first `baseline_steps` values of `key`, of the last `window`, those pairs); None until
+    both are full and do not overlap."""
     base = head(history, key, baseline_steps)
     cur = tail(history, key, window)
     if len(base) < baseline_steps or len(cur) < window or cur[0][0] <= base[-1][0]:

@@ -79,11 +79,10 @@ class _Open:
 
 
 def scan(history: Sequence[Record], cfg: GuardsConfig | None = None, max_points: int = 500) -> list[Finding]:
-    """Doctor use: replay the rules over a whole history and return one finding per stretch of steps where
-    a rule held (its `steps` cover the stretch; its evidence and message are from the worst point, the
-    latest among equals; `ongoing` when it still holds at the last record). Windowed rules are judged at
-    most `max_points` times (evenly spaced), pointwise ones at every record. A stretch of a TRANSIENT rule
-    that has ended is reported one severity lower. Most severe first."""
+    """Doctor use: replay the rules over a whole history; one finding per stretch where a rule held (evidence
+    and message from its worst point, the latest among equals). Windowed rules are judged at most
+    `max_points` times (evenly spaced), pointwise ones at every record. An ended stretch of a TRANSIENT rule
+    is reported one severity lower. Most severe first."""
     cfg = cfg or GuardsConfig()
     records = list(history)
     n = len(records)
@@ -166,8 +165,8 @@ class Guardian:
 
     @property
     def healthy(self) -> bool:
-        """No finding that calls for a rollback or a stop holds: a checkpoint taken now is a valid rollback
-        target. (Warnings, and skips already applied, do not make a checkpoint unhealthy.)"""
+        """No rollback or stop is called for: a checkpoint now is a valid rollback target (warnings and
+        applied skips do not make it unhealthy)."""
         return not any(action in ("rollback", "stop") for _, action in self.state["active"].values())
 
     def can_roll_back(self) -> bool:

@@ -80,8 +80,7 @@ def is_gibberish(text: str) -> bool:
 
 
 def text_repetition(text: str) -> float:
-    """repetition_rate over words (a word is a unit when the text has enough of them), else over
-    characters with 2n-grams, so that character-level loops such as '2222...' also count."""
+    """repetition_rate over words when there are enough, else over characters with 2n-grams ('2222...')."""
     words = text.split()
     if len(words) >= 2 * REPETITION_N:
         units, n = words, REPETITION_N

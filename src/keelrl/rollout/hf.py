@@ -89,8 +89,7 @@ def generation_chunks(prompts: list[list[int]], chunk_size: int) -> list[list[in
 
 
 class HFSampler:
-    """Batched sampling with a KV cache. The per-token loop is where CPU time goes, so it does little besides
-    the model call:
+    """Batched sampling with a KV cache. The per-token loop (the CPU time) does little but the model call:
     - Each distinct prompt is prefilled once (`share_prefix`): a group's G completions of one prompt copy
       its keys/values instead of recomputing them, which removes (G - 1) / G of the prefill.
     - Prompts are left-padded with explicit position ids; the keys/values live in a preallocated cache

@@ -1,8 +1,8 @@
 """Reward scoring (`distributed.scorer = "ray"`) and generation (`distributed.sampler = "ray"`) on pools of
 Ray actors, so a cluster's CPUs score and sample while the accelerators train.
 
-`ActorPool` is the piece both use: it starts (or joins, see `start_ray`) Ray and `size` actors of one class,
-and `run(method, chunks)` keeps every actor busy with up to two chunks and returns results in chunk order.
+`ActorPool`, the piece both use, starts (or joins: `start_ray`) Ray and `size` actors of one class;
+`run(method, chunks)` keeps each actor busy with up to two chunks and returns results in chunk order.
 - `ScorerPool`: each actor builds its own task from a picklable recipe (setup.py passes
   `functools.partial(get_task, ...)`), so only plain data crosses processes; chunks are consecutive samples.
 - `SamplerPool` (a `Sampler`, a drop-in for `HFSampler`): each actor builds the policy and an `HFSampler`
@@ -383,10 +383,9 @@ class SamplerPool:
         worker: type[SamplingWorker] = SamplingWorker,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
-        """`model` is built inside each actor (a local path is made absolute here); `chunk_size` (0: one batch
-        per actor), `share_prefix`, `autocast` and `compile` are the in-process `HFSampler`'s; each actor runs
-        and reserves `threads` CPUs; `ray_cpus` 0: `workers * threads`. `worker` is the actor class (tests
-        subclass it). No weights until `update_weights`."""
+        """`model` is built in each actor (a local path made absolute); `chunk_size` (0: one batch per actor),
+        `share_prefix`, `autocast`, `compile` are `HFSampler`'s; each actor runs and reserves `threads` CPUs;
+        `ray_cpus` 0: `workers * threads`; `worker`: the actor class. No weights until `update_weights`."""
         path = Path(model.path).expanduser()
         if model.path not in ("tiny", "smollm2") and path.exists():
             model = model.model_copy(update={"path": str(path.resolve())})

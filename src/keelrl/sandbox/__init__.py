@@ -1,11 +1,10 @@
 """Contained execution of model-written Python code: one process per execution, limits, a pool.
 
-RL on programming tasks runs code the policy wrote, millions of times, next to the trainer.
-`Sandbox.run(code, tests, entry_point)` executes `code`, then each test statement (e.g. `assert f(2) == 4`),
-in a fresh, contained process and returns an `ExecResult`; `SandboxPool` runs many at once. Layout:
-result.py (limits, jobs, results), isolation.py (levels, detection, uid leases), harness.py (the program that
-runs inside; process layout and cleanup), execute.py (`Sandbox`), pool.py (`SandboxPool`). Import the names
-from those modules; this package re-exports nothing.
+RL on programming tasks runs code the policy wrote, millions of times, next to the trainer. `Sandbox.run(code,
+tests, entry_point)` executes `code`, then each test statement (`assert f(2) == 4`), in a fresh, contained
+process and returns an `ExecResult`; `SandboxPool` runs many at once. Modules (import from them; this
+package re-exports nothing): result.py, isolation.py, harness.py (process layout and cleanup), execute.py,
+pool.py.
 
 Isolation levels (strongest first; `detect_isolation()` picks the strongest that works here, once per process;
 `Sandbox.level` / `ExecResult.isolation` report it). Auto-detection degrades with a warning; an explicit level
@@ -20,9 +19,8 @@ Isolation levels (strongest first; `detect_isolation()` picks the strongest that
   world-writable directories (/tmp); a loud `SandboxWarning` says so. Without root (no separate uid) it can
   also signal the trainer's processes and read their environment: use it only for trusted code.
 Every level also applies RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC (fork bombs), RLIMIT_FSIZE, RLIMIT_NOFILE, no
-core dumps, `PR_SET_NO_NEW_PRIVS`, a scrubbed environment (PATH, HOME, TMPDIR, LANG only), stdin from
-/dev/null, a private working directory, and a wall clock and output cap enforced by the parent, which kills
-the whole tree when either is hit.
+core dumps, `PR_SET_NO_NEW_PRIVS`, a scrubbed environment (PATH, HOME, TMPDIR, LANG), stdin from /dev/null,
+a private work directory, and a wall clock and output cap (the parent kills the whole tree at either).
 
 Separate user ids. RLIMIT_NPROC is per user and not enforced for root; file permissions and signals are per
 user too. So under root (as in CI) each slot leases its own unused uid (61000 upward; a lock file under the

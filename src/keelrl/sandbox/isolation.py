@@ -166,9 +166,8 @@ LAUNCHERS: dict[str, Callable[[SandboxLimits, str, str | None], list[str]]] = {
 
 
 def lease_slot(level: IsolationLevel, python: str) -> tuple[_UidLease | None, str, str | None]:
-    """As root, a separate uid for the code (see the package docstring), the interpreter to run it with,
-    and the directory bwrap / unshare hide under a tmpfs (None: nothing to hide). Without a usable uid:
-    no lease, with a warning."""
+    """As root, a separate uid for the code (package docstring), its interpreter, and the directory bwrap /
+    unshare hide under a tmpfs (None: nothing). Without a usable uid: no lease, with a warning."""
     if not _is_root():
         return None, python, None
     if not _mapped_uid_range(UID_BASE, UID_BASE + UID_RANGE):

@@ -67,9 +67,8 @@ class Task(Protocol):
 
 @runtime_checkable
 class BucketedTask(Protocol):
-    """Optional addition to `Task`: problems drawn from a named difficulty bucket (what an adaptive
-    curriculum steers). `difficulty(problem_in(b, split, i)) == b`; like `problem`, `problem_in` is a pure
-    function of (seed, bucket, split, index) and train and test never share a problem."""
+    """Optional addition to `Task`: problems from a named difficulty bucket (what a curriculum steers).
+    `difficulty(problem_in(b, split, i)) == b`; `problem_in` is pure and split-disjoint like `problem`."""
 
     def buckets(self) -> list[str]:
         """Bucket names, easiest first."""
@@ -103,10 +102,9 @@ ScoreFn = Callable[[dict[str, Any], str], Score]
 def score_safely(
     task: Task, problems: list[dict[str, Any]], completions: list[str], score: ScoreFn | None = None
 ) -> tuple[list[Score], list[str]]:
-    """Score many completions without raising: the one path of the trainer and of the Ray scoring workers.
-    `score_batch` first; if that raises (a checker is user code), each completion alone, and one whose
-    checker raises scores 0 with reason `score_error`. `score` (the fault drills wrap the checker) replaces
-    `task.score` and skips the batch attempt. Returns the scores and the error messages, in input order."""
+    """Score many completions without raising (the trainer's and the Ray scorers' one path): `score_batch`,
+    and if that raises (checkers are user code), each alone, one that raises scoring 0 (`score_error`).
+    `score` (fault drills) replaces `task.score`, skipping the batch. Returns scores and errors in order."""
     if score is None:
         try:
             return score_batch(task, problems, completions), []

@@ -192,9 +192,8 @@ def _evaluate(node: Any) -> Fraction:
 
 
 def check_expression(expression: str, numbers: list[int]) -> Fraction:
-    """Exact value of `expression` if it uses exactly the multiset `numbers` with binary + - * / and
-    parentheses; otherwise InvalidExpression with a reason (bad_char, bad_number, parse_error,
-    wrong_numbers, div_zero, too_long)."""
+    """Exact value of `expression` if it uses exactly the multiset `numbers` with + - * / and parentheses,
+    else InvalidExpression (bad_char, bad_number, parse_error, wrong_numbers, div_zero, too_long)."""
     if len(expression) > MAX_ANSWER_CHARS:
         raise InvalidExpression("too_long", f"answer longer than {MAX_ANSWER_CHARS} characters")
     parser = _Parser(_tokenize(expression))
@@ -299,8 +298,7 @@ class Countdown:
         return [f"n{k}" for k in range(self.params.min_numbers, self.params.max_numbers + 1)]
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        """The `index`-th problem of `split` with the bucket's count of numbers (its own seeded stream;
-        split by number multiset like `problem`, so train and test stay disjoint)."""
+        """The `index`-th problem of `split` with the bucket's count of numbers (its own seeded stream)."""
         if bucket not in self.buckets():
             raise unknown_bucket(self.name, bucket, self.buckets())
         return self._generate(split, index, bucket)
