@@ -1,12 +1,10 @@
 """Save, validate, load and rotate `TrainState` checkpoints, atomically.
 
-A checkpoint is a directory `checkpoints/step_XXXXXXXX/` that is also a standard HF model directory
-(`model.safetensors`, `config.json`, tokenizer files), so `from_pretrained` and `keelrl eval` read it as
-is. Beside the model it holds `trainer_state.pt` (optimizer, scheduler, RNG states), `state.json`
+A checkpoint `checkpoints/step_XXXXXXXX/` is also a standard HF model directory (`from_pretrained` and
+`keelrl eval` read it as is) plus `trainer_state.pt` (optimizer, scheduler, RNG states), `state.json`
 (counters, curriculum/guard state, the resolved config, health) and `manifest.json` (sha256 and size of
-every file). A sharded (FSDP2) run resumes from `sharded/` instead: weights and optimizer state written
-by every rank with torch.distributed.checkpoint (`distributed.save_sharded`), nothing gathered; its
-`model.safetensors` is the sampler's whole-weights copy, kept for `from_pretrained` and evaluation.
+every file). A sharded (FSDP2) run resumes from `sharded/` (every rank's own shards, nothing gathered; see
+`distributed.save_sharded`); its `model.safetensors` is the sampler's whole-weights copy.
 
 Commit protocol: everything is written under `checkpoints/.tmp-step_XXXXXXXX-PID-.../` (the ranks of a
 sharded run first write `sharded/` into a directory from `stage_dir`), each file fsynced,
@@ -16,9 +14,8 @@ leaves the previous checkpoint intact; a half-written directory never has a fina
 checkpoint whose manifest does not verify is skipped in favour of the next older one, and so is one that
 verifies but does not load (`CheckpointUnreadable`: a file replaced and its manifest rewritten to match).
 
-Saving is split in two: `snapshot()` copies the state to CPU memory (the only part the training loop must
-wait for) and `write_snapshot()` writes it; `AsyncCheckpointer` runs the writing in a background thread,
-one save in flight at a time.
+`snapshot()` copies the state to CPU memory (all the loop waits for); `write_snapshot()` writes it, in a
+background thread under `AsyncCheckpointer`.
 """
 
 from __future__ import annotations
@@ -108,9 +105,8 @@ def snapshot(
     whole_policy: torch.nn.Module | None = None,
     optimizer_state: dict[str, Any] | None = None,
 ) -> Snapshot:
-    """Copy everything a restart needs to CPU memory. A sharded run (FSDP2) passes the policy's whole-weights
-    copy and, as `optimizer_state`, the record `{"format": "sharded", "with_state": ...}` of what
-    `distributed.save_sharded` wrote."""
+    """Copy everything a restart needs to CPU memory. A sharded run passes the whole-weights copy and, as
+    `optimizer_state`, `{"format": "sharded", "with_state": ...}` (what `save_sharded` wrote)."""
     policy = whole_policy if whole_policy is not None else train_state.policy
     weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in untied_state_dict(policy).items()}
     if optimizer_state is None:
@@ -149,8 +145,7 @@ def sha256_file(path: Path) -> str:
 
 
 def stage_dir(checkpoints_dir: Path, step: int) -> Path:
-    """A new, empty temporary directory for checkpoint `step`, for files written before `write_snapshot`
-    (the shards every rank of a sharded run writes); pass it to `write_snapshot` as `staged`."""
+    """An empty temp directory for checkpoint `step`'s early files (shards): `write_snapshot`'s `staged`."""
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     tmp = checkpoints_dir / f".tmp-{step_dir_name(step)}-{os.getpid()}-staged"
     if tmp.exists():
@@ -166,10 +161,9 @@ def write_snapshot(
     staged: Path | None = None,
     on_file: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write `snap` as a committed checkpoint and point `latest` at it; files already in `staged` (from
-    `stage_dir`) become part of it. Raises CheckpointError (with the temporary directory removed) when the
-    disk refuses; the previous checkpoints are untouched. `on_file(name)` is called after each file is
-    written (the `[faults]` drills fail or kill the save there)."""
+    """Write `snap` as a committed checkpoint (with the files in `staged`) and point `latest` at it. Raises
+    CheckpointError (temporary directory removed, previous checkpoints untouched) when the disk refuses.
+    `on_file(name)` is called after each file (the `[faults]` drills fail or kill the save there)."""
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     name = step_dir_name(snap.step)
     final = checkpoints_dir / name
@@ -351,10 +345,8 @@ def rollback_anchor(checkpoints_dir: Path, before_step: int) -> str | None:
 def prune(
     checkpoints_dir: Path, keep_last: int, keep_best: int, best_metric: str, protect: tuple[str, ...] = ()
 ) -> list[Path]:
-    """Delete committed checkpoints that are neither among the newest `keep_last`, nor among the
-    `keep_best` best by `best_metric` (recorded in state.json), nor the target of `latest`, nor in
-    `protect`; also removes leftovers of interrupted saves. Called only after a new checkpoint is
-    committed. Returns what was deleted."""
+    """After a commit, delete checkpoints not among the newest `keep_last` or `keep_best` (by `best_metric`),
+    nor `latest`, nor in `protect`, and leftovers of interrupted saves; returns what was deleted."""
     ckpts = committed(checkpoints_dir)
     keep = {p.name for p in ckpts[:keep_last]} | set(protect)
     latest = checkpoints_dir / LATEST
@@ -383,8 +375,7 @@ def prune(
 
 
 class AsyncCheckpointer:
-    """Writes snapshots in a background thread, at most one in flight: `submit` waits for the previous
-    write to finish first. Errors of a background write surface at the next `submit` or `wait`."""
+    """Writes snapshots in a background thread, one in flight; its errors surface at `submit` or `wait`."""
 
     def __init__(self, on_done: Callable[[Path | None, BaseException | None, Snapshot], None]) -> None:
         self.on_done = on_done
@@ -398,8 +389,7 @@ class AsyncCheckpointer:
         staged: Path | None = None,
         on_file: Callable[[str], None] | None = None,
     ) -> float:
-        """Start writing (arguments as for `write_snapshot`); returns the seconds spent waiting for a previous
-        write."""
+        """Start writing (as `write_snapshot`); returns the seconds spent waiting for the previous write."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
@@ -420,9 +410,6 @@ class AsyncCheckpointer:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-
-
-# ------------------------------------------------------------------------------------------ interval
 
 
 def daly_interval(save_cost_s: float, mtbf_s: float) -> float:

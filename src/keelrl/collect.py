@@ -1,9 +1,7 @@
-"""Collect a step's batch: draw problems, run episodes, score them, refill groups without signal.
-
-Every rank sees the same global list of problems and samples its shard; each row's sampling seed is
-derived from (train.seed, step, rollbacks, row), so a completion does not depend on how rows are split
-across ranks or batches, and a rollback does not replay the samples that led into trouble. Generation
-and scoring go through `episodes.py`, the path the evals use too.
+"""Collect a step's batch: draw problems, run episodes (episodes.py, the path evals use too), score them,
+refill groups without signal. Every rank sees the same global problem list and samples its shard; each
+row's seed is derived from (train.seed, step, rollbacks, row), so a completion does not depend on how rows
+are split across ranks or batches, and a rollback does not replay the samples that led into trouble.
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ from keelrl.tasks.base import score_safely
 
 
 def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int = 0) -> list[Rollout]:
-    """Draw `n` prompts (default: the step's; all ranks draw the same list) and generate group_size
-    completions for each prompt of this rank's shard. `attempt` > 0 marks a dynamic-sampling refill
-    (fresh seeds)."""
+    """Draw `n` prompts (default: the step's; the same list on all ranks) and generate group_size completions
+    for each prompt of this rank's shard. `attempt` > 0: a dynamic-sampling refill (fresh seeds)."""
     cfg, world = run.cfg, run.world
     problems = run.source.next_problems(cfg.prompts_per_step if n is None else n)
     per_rank = len(problems) // world.world_size
@@ -45,9 +42,8 @@ def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int
 
 
 def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> int:
-    """Score every rollout with the task's checker (on the Ray actor pool, with the same results, when
-    distributed.scorer = "ray"; fault drills wrap the checker in this process, so with them on it scores
-    locally). A checker that raises scores that sample 0 and is counted; returns how many did."""
+    """Score every rollout (on the Ray pool when distributed.scorer = "ray", unless fault drills wrap the
+    checker here); returns how many checkers raised (those samples score 0)."""
     if run.scorer is not None and not run.faults.wraps_scoring:
         errors = score(run.task, rollouts, run.scorer.score)
     else:
@@ -77,10 +73,8 @@ def pool_metrics(run: Run, state: TrainState) -> dict[str, float]:
 def curriculum_phase(
     run: Run, state: TrainState, rollouts: list[Rollout]
 ) -> tuple[list[Rollout], dict[str, float], int]:
-    """Dynamic sampling (when on): replace groups without reward variance by groups of newly drawn prompts
-    (`sample_phase` and `score_phase` again), within curriculum.refill_budget. Then the problem source
-    observes every group generated this step (all ranks). Returns the batch to train on, the step's
-    curriculum/... and task/... metrics, and the refills' checker errors."""
+    """Dynamic sampling (`curriculum.fill_batch`, when on), then the problem source observes every group of
+    this step (all ranks). Returns the batch, the curriculum/... and task/... metrics, the refills' errors."""
     cfg, world = run.cfg, run.world
     G = cfg.rollout.group_size
     groups = [rollouts[i : i + G] for i in range(0, len(rollouts), G)]

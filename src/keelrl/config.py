@@ -1,9 +1,8 @@
 """Run configuration: the pydantic sections of a run, the batch arithmetic, and loading (`load_config`).
 
-Every field is documented exactly once, in its `Field(description=...)`; `keelrl config-fields` prints these
-texts. A config that cannot be run (unknown key, wrong type, value out of range, inconsistent batch
-arithmetic) raises `ConfigError` before any work starts, with a message that names the field and says what
-is allowed (the TOML reading, `--set` overrides and error messages are in `keelrl.config_load`).
+Every field is documented once, in its `Field(description=...)` (`keelrl config-fields` prints them). A
+config that cannot be run (unknown key, wrong type, value out of range, inconsistent batch arithmetic)
+raises `ConfigError` before any work starts, naming the field and what is allowed (`keelrl.config_load`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Reading a config: TOML files, `--set KEY=VALUE` overrides, and validation errors a user can act on.
-
-Generic over the pydantic model; `keelrl.config` applies it to `Config` (`load_config`, `config_from_dict`).
+"""Reading a config: TOML files, `--set KEY=VALUE` overrides, and validation errors a user can act on. Generic
+over the pydantic model; `keelrl.config` applies it to `Config` (`load_config`, `config_from_dict`).
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ class ConfigError(ValueError):
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b=value` -> (["a", "b"], value). The value is read as TOML (numbers, booleans, strings, lists);
-    anything that is not valid TOML is taken as a plain string."""
+    """`a.b=value` -> (["a", "b"], value); the value is read as TOML, else taken as a plain string."""
     if "=" not in text:
         raise ConfigError(f"--set expects KEY=VALUE (e.g. --set algo.lr=3e-4), got {text!r}")
     key, raw = text.split("=", 1)

@@ -1,30 +1,24 @@
 """Which problems to train on next.
 
-A problem source hands the trainer the next `n` problems of the train split, learns from how each group
-of completions went (`observe`), and keeps everything it needs in a JSON-serialisable state that lives in
-`TrainState.curriculum`, so a resumed run continues with exactly the problems it would have seen.
-
+A problem source hands the trainer the next `n` train problems, learns from how each group went (`observe`),
+and keeps its state JSON-serialisable in `TrainState.curriculum`, so a resumed run sees the same problems.
 - `SequentialSource`: train problems in index order (`curriculum.kind = "sequential"`).
 - `AdaptiveSource` (`"adaptive"`): each prompt comes from a difficulty bucket (`task.buckets()`, easiest
-  first; a task mixture's buckets are "<member>/<bucket>"). Per bucket, the pass rate is a Beta(1, 1)
-  posterior over discounted counts of correct samples (`decay` per step, so the estimate follows the
-  improving policy and a bucket left alone drifts back toward 0.5 and gets probed again). Bucket weights
-  are a function of that estimate (`strategy`): learnability p(1-p) puts prompts where groups are most
-  likely to disagree (arXiv 2504.03380, 2502.12272; see docs/curriculum.md), so a saturated easy bucket
-  loses its prompts to the next harder one; a `revisit` share is drawn uniformly over buckets. Prompts
-  per bucket are allocated by systematic sampling (each bucket gets floor or ceil of n x weight),
-  seeded by (train.seed, draw number), then shuffled. With `skip_after`, problems that repeat (code)
-  and went all-solved or all-failed `skip_after` times in a row are skipped when drawn again
-  (predict-and-skip; arXiv 2506.02177 skips the same way, probabilistically).
-- `fill_batch`: DAPO dynamic sampling. Groups with equal rewards are dropped and replaced by groups of
-  newly drawn prompts, within a budget of extra prompts; when the budget runs out the batch is completed
-  with dropped groups (advantage 0) so its shape never changes, and the caller reports it.
+  first; a mixture's are "<member>/<bucket>"). A bucket's pass rate is a Beta(1, 1) posterior over counts
+  discounted by `decay` per step (it follows the improving policy; a bucket left alone drifts back to 0.5 and
+  is probed again). Bucket weights are a function of it (`strategy`): learnability p(1-p) puts prompts where
+  groups most likely disagree (arXiv 2504.03380, 2502.12272; docs/curriculum.md), so a saturated bucket
+  yields to the next harder one; a `revisit` share is uniform over buckets. Prompts are allocated by
+  systematic sampling (floor or ceil of n x weight), seeded by (train.seed, draw number), then shuffled.
+  With `skip_after`, repeating problems (code) that went all-solved or all-failed `skip_after` times in a
+  row are skipped (predict-and-skip; arXiv 2506.02177 does it probabilistically).
+- `fill_batch`: DAPO dynamic sampling. Groups with equal rewards are replaced by groups of new prompts within
+  a budget; when it runs out, dropped groups (advantage 0) complete the batch so its shape never changes.
 
-Departures, stated: DAPO over-samples and keeps drawing until the batch is full (bounded by a maximum
-number of generation batches); here each refill round draws about shortfall / (share of groups with
-signal so far) prompts, capped by the remaining budget, and informative groups beyond the batch are
-discarded (their outcomes still update the curriculum). Which groups are informative is decided on
-rewards (any variance), not on accuracy, because reward variance is what gives a group an advantage.
+Departures, stated: DAPO keeps drawing until the batch is full (bounded by a number of generation batches);
+here each refill round draws about shortfall / (share of groups with signal so far) prompts, capped by the
+budget, and informative groups beyond the batch are discarded (their outcomes still update the curriculum).
+Informative means any reward variance, not accuracy variance: reward variance is what gives an advantage.
 """
 
 from __future__ import annotations
@@ -124,9 +118,6 @@ class SequentialSource:
             self.cursor = int(state["cursor"])
 
 
-# ------------------------------------------------------------------------------------ bucket statistics
-
-
 def posterior_mean(successes: float, failures: float, prior: tuple[float, float] = PRIOR) -> float:
     """Mean of the Beta(prior[0] + successes, prior[1] + failures) posterior of a pass rate."""
     a, b = prior[0] + successes, prior[1] + failures
@@ -156,11 +147,9 @@ def sampling_weights(
     mixture: str = "fixed",
     revisit: float = 0.0,
 ) -> dict[str, float]:
-    """Bucket -> probability of drawing it (sums to 1).
-
-    fixed: member t keeps its share task_weights[t], split over its buckets by score (evenly if all its
-    scores are 0). adaptive: weight task_weights[t] x score, normalised over all buckets. Then a `revisit`
-    share is spread over every bucket (each member's share evenly over its buckets)."""
+    """Bucket -> probability of drawing it. fixed: member t keeps its share task_weights[t], split over its
+    buckets by score (evenly if all are 0); adaptive: task_weights[t] x score, normalised over all buckets.
+    Then a `revisit` share is spread over every bucket (each member's share evenly over its buckets)."""
     members: dict[str, list[str]] = {}
     for b in scores:
         members.setdefault(task_of[b], []).append(b)
@@ -180,8 +169,7 @@ def sampling_weights(
 
 
 def systematic_counts(weights: Sequence[float], n: int, u: float) -> list[int]:
-    """Split n draws over buckets by systematic sampling with offset u in [0, 1): bucket i gets
-    floor(n w_i) or ceil(n w_i) draws, the counts sum to n."""
+    """Systematic sampling, offset u in [0, 1): bucket i gets floor(n w_i) or ceil(n w_i), summing to n."""
     total = sum(weights)
     if n <= 0:
         return [0] * len(weights)
@@ -208,9 +196,6 @@ def problem_key(problem: dict[str, Any]) -> str:
     return format(stable_hash(json.dumps(problem, sort_keys=True, separators=(",", ":"))), "016x")
 
 
-# ----------------------------------------------------------------------------------------- the source
-
-
 @dataclass
 class _StepCounts:
     drawn: dict[str, int] = field(default_factory=dict)
@@ -218,8 +203,7 @@ class _StepCounts:
 
 
 class AdaptiveSource:
-    """Adaptive curriculum over difficulty buckets (see the module docstring). Deterministic given its
-    state: every choice is seeded by (seed, draw number), and the state is plain JSON."""
+    """Adaptive curriculum (module docstring); every choice is seeded by (seed, draw number)."""
 
     def __init__(self, task: Task, cfg: CurriculumConfig, seed: int) -> None:
         self.task, self.cfg, self.seed = task, cfg, seed
@@ -243,8 +227,6 @@ class AdaptiveSource:
         self.problems: dict[str, list[int]] = {}  # key -> [correct samples, samples, streak]
         self._step = _StepCounts()
         self._last: dict[str, float] = {}
-
-    # ------------------------------------------------------------------------------------- estimates
 
     def pass_rates(self) -> dict[str, float]:
         return {b: posterior_mean(s, f) for b, (s, f) in self.stats.items()}
@@ -272,8 +254,6 @@ class AdaptiveSource:
             return False
         record = self.problems.get(problem_key(problem))
         return record is not None and abs(record[2]) >= self.cfg.skip_after
-
-    # ---------------------------------------------------------------------------------------- drawing
 
     def _draw(self, bucket: str) -> dict[str, Any]:
         index = self.cursor[bucket]
@@ -308,8 +288,6 @@ class AdaptiveSource:
             self.serial += 1
             self._step.drawn[bucket] = self._step.drawn.get(bucket, 0) + 1
         return out
-
-    # -------------------------------------------------------------------------------------- learning
 
     def observe(self, outcomes: Sequence[GroupOutcome]) -> None:
         d = self.cfg.decay
@@ -360,8 +338,6 @@ class AdaptiveSource:
     def metrics(self) -> dict[str, float]:
         return dict(self._last)
 
-    # ----------------------------------------------------------------------------------------- state
-
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": "adaptive",
@@ -388,9 +364,6 @@ class AdaptiveSource:
         self.problems = {k: [int(x) for x in v] for k, v in state.get("problems", {}).items()}
 
 
-# ------------------------------------------------------------------------------------ metrics per task
-
-
 def task_metrics(outcomes: Sequence[GroupOutcome]) -> dict[str, float]:
     """`task/<member>/{accuracy,reward/mean,share}` over every group generated this step, for problems of a
     task mixture (they carry their member's label under "task"); {} for a single task."""
@@ -407,8 +380,6 @@ def task_metrics(outcomes: Sequence[GroupOutcome]) -> dict[str, float]:
         out[f"task/{name}/share"] = len(groups) / total
     return out
 
-
-# ---------------------------------------------------------------------------------- dynamic sampling
 
 G = TypeVar("G")
 
@@ -459,10 +430,8 @@ def fill_batch(
     """Dynamic sampling: keep the informative groups among `groups` (this rank's `need` groups) and refill
     with `draw(n_global, round)` (draws n_global prompts, returns this rank's n_global / world_size groups,
     generated and scored) until every rank has `need` informative groups or `budget` extra prompts (global)
-    were drawn. Each round draws about shortfall / (share of informative groups so far, at least min_rate)
-    prompts per rank. Terminates: every round spends at least world_size prompts of a finite budget.
-
-    reduce_max / reduce_sum combine a per-rank integer over ranks (identity at world size 1), so every rank
+    were drawn (the share of informative groups is floored at min_rate). Terminates: every round spends at
+    least world_size prompts. reduce_max / reduce_sum combine a per-rank integer over ranks, so every rank
     takes the same decisions and the problem source stays identical everywhere."""
     stats = RefillStats(first_groups=len(groups))
     kept = [g for g in groups if informative(g)]

@@ -1,36 +1,23 @@
 """`keelrl demo`: the whole post-training lifecycle in miniature, on a laptop CPU.
 
-1. Pretrain a tiny base model (character tokenizer, about a million parameters) with plain next-token
-   loss on a procedurally generated corpus (`corpus_text`).
+1. Pretrain a tiny base model (character tokenizer, about a million parameters) on a generated corpus.
 2. Evaluate it (greedy) on held-out Countdown problems whose number sets never occur in training.
-3. RL with the ordinary trainer (`keelrl.trainer.train`): every metric, checkpoint and event of a normal run.
-4. Evaluate the final policy on the same problems; print a before/after table with 95% intervals.
+3. RL with the ordinary trainer (`keelrl.trainer.train`): every metric, checkpoint and event of a real run.
+4. Evaluate the final policy; print a before/after table with 95% intervals.
 
-The task is Countdown with two numbers from 1..50 (TinyZero's reward rule, exact checker): reach the
-target with one operation. The corpus. Each line is a prompt in the compact template (numbers largest
-first) and an answer:
-
-    37 12 -> 444
-    <answer>37-12</answer><eos>
-
-The numbers are those of a *training* problem (held-out number pairs never appear). The answer joins
-them in the order shown by a random operation whose result is a positive integer; the target on the
-prompt line is the value of an independent random expression of the same numbers (the problem
-generator's). The corpus therefore teaches the answer format, copying the numbers and the rule "each
-number exactly once", but not goal-directed solving: the target says nothing about which operation
-follows. A policy that ignores the target hits it with probability p(target), where p is the answer
-generator's value distribution for those numbers; `chance_accuracy` computes this exactly by enumerating
-the generator's choices, and that is the chance level the demo reports (about 0.33: one of the three or
-four operations, uniformly). What RL has to learn is to read the target and pick the operation.
-
-The reward cannot be gamed: the answer holds only an expression, which the Countdown checker evaluates
-exactly, so reward 1.0 needs an expression whose value is the target (a stated value would be checked
-too, see tasks/countdown.py). What did not work, measured while designing this (docs/RESULTS.md):
-three numbers with an answer that states its value (`<answer>12*3-7=29</answer>`, value checked) left
-the tiny model at 0% because its one-shot arithmetic was wrong; three numbers with answer-only lines gave
-a base model at chance (11%) that GRPO did not move on held-out sets in 170 steps; step-by-step
-attempts with verdicts ("...=29 no;") trained a base model that always wrote "no" (a "yes" is rare in a
-target-blind corpus, so it never learned the comparison), and RL only found a target-blind habit.
+The task is Countdown with two numbers from 1..50 (TinyZero's reward rule): reach the target with one
+operation. Each corpus line is a training problem's prompt (compact template, numbers largest first) and an
+answer, e.g. `37 12 -> 444` / `<answer>37-12</answer><eos>`. The answer joins the numbers by a random
+operation with a positive integer result; the prompt's target is an independent random expression of them.
+So the corpus teaches the format, copying the numbers and "each number once", but not goal-directed solving:
+a target-blind policy hits the target with probability p(target) under the answer generator, which
+`chance_accuracy` computes exactly (about 0.33). RL has to learn to read the target and pick the operation.
+The reward cannot be gamed: the Countdown checker evaluates the expression exactly.
+What did not work (docs/RESULTS.md): three numbers with a stated value (`<answer>12*3-7=29</answer>`) left the
+tiny model at 0% (its one-shot arithmetic was wrong); three numbers, answer only, gave a base model at chance
+(11%) that GRPO did not move on held-out sets in 170 steps; step-by-step attempts with verdicts ("...=29 no;")
+trained a base model that always wrote "no" (a "yes" is rare in a target-blind corpus), and RL only found a
+target-blind habit.
 """
 
 from __future__ import annotations
@@ -54,8 +41,7 @@ from keelrl.tasks.countdown import Countdown, random_expression
 
 
 def corpus_text(task: Countdown, index: int, seed: int) -> str:
-    """One pretraining example (prompt + completion, compact template) for train problem `index`: the
-    answer combines the numbers in the order the prompt shows them (largest first)."""
+    """One pretraining example (compact template) for train problem `index` (see the module docstring)."""
     problem = task.problem("train", index)
     rng = random.Random(stable_hash("corpus", seed, index))
     numbers = sorted(problem["numbers"], reverse=True)
@@ -69,8 +55,7 @@ def corpus_text(task: Countdown, index: int, seed: int) -> str:
 
 
 def in_order_expression(numbers: list[int], rng: random.Random) -> str:
-    """Numbers (largest first) joined left to right by random operations that keep every intermediate value
-    a positive integer: e.g. [37, 12] -> "37-12"."""
+    """Numbers (largest first) joined by random operations with positive integer results: "37-12"."""
     text, value = str(numbers[0]), numbers[0]
     for n in numbers[1:]:
         ops = ["+", "*", "-"] if value > n else ["+", "*"]
@@ -83,8 +68,7 @@ def in_order_expression(numbers: list[int], rng: random.Random) -> str:
 
 
 def value_distribution(numbers: list[int]) -> dict[int, float]:
-    """Exact distribution of the value of `in_order_expression(numbers largest first, rng)`, by enumerating
-    its choices (one allowed operation per step, uniformly)."""
+    """Exact distribution of `in_order_expression`'s value, by enumerating its (uniform) choices."""
 
     def rec(value: int, rest: tuple[int, ...]) -> Counter:
         if not rest:
@@ -130,8 +114,7 @@ def pretrain(
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
 ) -> PretrainResult:
-    """Plain next-token training (every token, EOS included) on texts make_text(0), make_text(1), ...
-    AdamW with linear warm-up and cosine decay. Padding is masked by length."""
+    """Next-token training (EOS in, padding masked) on make_text(i); AdamW, linear warm-up, cosine decay."""
     torch.manual_seed(seed)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -169,8 +152,6 @@ def pretrain(
     return PretrainResult(steps, tokens, loss_value, time.perf_counter() - t0)
 
 
-# ------------------------------------------------------------------------------------------- lifecycle
-
 # The task of the demo: Countdown with 2 numbers from 1..99; a quarter of the number pairs is held out.
 DEMO_TASK_PARAMS: dict[str, Any] = {
     "min_numbers": 2,
@@ -195,8 +176,8 @@ SMOLLM2_TASK_PARAMS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class DemoPlan:
-    """How much work each stage gets. Fixed step counts (not wall-clock budgets) keep a seed's result the
-    same on any machine; `--minutes` scales them, calibrated on a 2-core laptop-class CPU."""
+    """Work per stage: fixed step counts keep a seed's result machine-independent; `--minutes` scales them
+    (calibrated on a 2-core laptop-class CPU)."""
 
     pretrain_steps: int
     pretrain_batch: int
@@ -247,11 +228,9 @@ def demo_rl_config(
 def run_demo(
     seed: int = 0, minutes: float = 12.0, model: str = "tiny", out: str | Path = "runs/demo", threads: int = 1
 ) -> dict[str, Any]:
-    """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers.
-
-    `threads` sets torch's CPU threads for every stage. One is the default: the tiny model's kernels are
-    too small for a second thread to pay much, and OpenMP threads stall badly (10x measured here) when
-    another program competes for the cores."""
+    """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers. `threads`:
+    torch's CPU threads, default one: the tiny model's kernels are too small for a second to pay much, and
+    OpenMP threads stall badly (10x measured here) when another program competes for the cores."""
     if threads > 0:
         torch.set_num_threads(threads)
     from keelrl.config import config_from_dict
@@ -325,9 +304,8 @@ def run_demo(
 
 
 def smollm2_rl_config(task_params: dict[str, Any], minutes: float, seed: int) -> dict[str, Any]:
-    """RL for SmolLM2-135M-Instruct on two-number Countdown, answer only (it cannot yet reason in text):
-    chat template, 32 completions per step at temperature 0.7, a low learning rate. About 20 s per step
-    with one thread on this 2-core machine, so `minutes` sets the step count."""
+    """RL for SmolLM2-135M-Instruct on two-number Countdown, answer only (it cannot yet reason in text): chat
+    template, 32 completions per step at temperature 0.7, low lr; ~20 s per step on one thread here."""
     steps = max(2, int(minutes * 60 / 20))
     every = max(1, steps // 4)
     return {

@@ -1,18 +1,16 @@
-"""The world a run sees, how the policy is trained across processes, and the few collectives the loop
-needs. At world size 1 every helper is a no-op, so the single-process run is the same program as a
-multi-process one.
+"""The world a run sees, how the policy is trained across processes, and the few collectives the loop needs.
+At world size 1 every helper is a no-op, so the single-process run is the same program.
 
-Under torchrun (RANK / WORLD_SIZE in the environment) `init_world` joins the process group (gloo on CPU,
-NCCL on CUDA) with `distributed.timeout_s` on every collective, so a dead or hung rank makes the others fail
-instead of waiting forever. `wrap_for_training` returns the module the update's forward runs through:
+Under torchrun `init_world` joins the process group (gloo on CPU, NCCL on CUDA) with `distributed.timeout_s`
+on every collective, so a dead or hung rank makes the others fail instead of waiting forever.
+`wrap_for_training` returns the module the update's forward runs through:
 - ddp: `DistributedDataParallel` around `LogprobModule(policy)`; each rank keeps the whole model;
-- fsdp2: `fully_shard` on every decoder layer and on the root; parameters, gradients and optimizer state
-  are sharded (DTensors), gathered layer by layer for each forward and backward.
-Both frameworks average gradients over ranks. keelrl's loss is already normalised by *global* token and
-sequence counts (each rank's loss is its share of the global sum), so the gradient it needs is the sum over
-ranks: the loss is multiplied by the world size before backward (`loss_scale`), which cancels the average
-exactly (a power-of-two world scales without rounding). Gradient synchronisation runs once per optimizer
-step, on the last micro-batch (`grad_sync`).
+- fsdp2: `fully_shard` on every decoder layer and the root; parameters, gradients and optimizer state are
+  sharded (DTensors), gathered layer by layer for each forward and backward.
+Both average gradients over ranks, but keelrl's loss is normalised by *global* counts (each rank's loss is
+its share of the global sum), so it needs the sum: the loss is multiplied by the world size (`loss_scale`),
+which cancels the average exactly (a power-of-two world scales without rounding). Gradients are
+synchronised once per optimizer step, on the last micro-batch (`grad_sync`).
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ def under_torchrun() -> bool:
 
 
 def init_world(device_pref: str = "auto", backend: str = "auto", timeout_s: float = 300.0) -> World:
-    """Read torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK; single process when absent) and, for more
-    than one process, join the default process group."""
+    """Read torchrun's RANK, WORLD_SIZE, LOCAL_RANK (absent: one process); with several, join the group."""
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -90,7 +87,6 @@ FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 def _attempt_store(rank: int, world_size: int, timeout_s: float) -> dist.Store | None:
     """The store a restarted torchrun group joins its process group through; None for torch's default.
-
     torchrun (torch 2.13) keeps one rendezvous store for all restart attempts and hands it to the workers
     (TORCHELASTIC_USE_AGENT_STORE). A restarted rank then finds the previous attempt's addresses of its peers
     there and connects to dead processes (measured with gloo: "connectFullMesh ... Connection refused", the
@@ -119,17 +115,15 @@ def _attempt_store(rank: int, world_size: int, timeout_s: float) -> dist.Store |
 
 
 def close_world() -> None:
-    """Leave the process group together: a rank that tears its group down while a peer is still in a
-    collective (or destroys it alone, after the peer exited) can block for the whole timeout."""
+    """Leave the process group together: a rank tearing it down alone can block for the whole timeout."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
 
 def wrap_for_training(policy: torch.nn.Module, world: World, strategy: Strategy) -> torch.nn.Module:
-    """The module the update's forward runs through (see the module docstring). At world size 1 this is
-    `LogprobModule(policy)` itself. With fsdp2 the policy's own parameters become shards: build the
-    optimizer over `policy.parameters()` after this call."""
+    """The module the update's forward runs through (world size 1: `LogprobModule(policy)`). With fsdp2 the
+    policy's own parameters become shards: build the optimizer over `policy.parameters()` after this call."""
     module = LogprobModule(policy)
     if world.world_size == 1:
         return module
@@ -166,8 +160,7 @@ def loss_scale(world: World) -> float:
 
 @contextlib.contextmanager
 def grad_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """Inside, backward synchronises gradients across ranks only when `enabled` (the last micro-batch of an
-    optimizer step); earlier micro-batches accumulate locally."""
+    """Inside, backward syncs gradients across ranks only when `enabled` (a step's last micro-batch)."""
     if enabled:
         yield
         return
@@ -186,8 +179,7 @@ def grad_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
 
 
 def full_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A sharded policy's full weights on the CPU. A collective: every rank must call it; every rank gets
-    the full weights."""
+    """A sharded policy's full weights on the CPU, on every rank (a collective: every rank must call it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True))
@@ -195,12 +187,11 @@ def full_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_sharded(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str) -> bool:
-    """Write a sharded policy's weights and optimizer state with torch.distributed.checkpoint: a collective
-    (every rank writes its own shards into `directory`, which must be on a file system every rank sees; rank
-    0 adds the metadata). Nothing is gathered. Keys are parameter names, so the files do not depend on the
-    world size. Returns whether optimizer state was written: before the first update there is none, and
-    asking torch for it anyway initialises it with a zero-gradient step, which moves Adam's step count and
-    changes every later update (measured: a first update 0.74x the size of the single-process one)."""
+    """Write a sharded policy's weights and optimizer state with torch.distributed.checkpoint, a collective:
+    every rank writes its own shards into `directory` (on a file system every rank sees), keyed by parameter
+    name (independent of world size); nothing is gathered. Returns whether optimizer state was written:
+    before the first update there is none, and asking torch for it initialises it with a zero-gradient
+    step, which moves Adam's step count (measured: a first update 0.74x the single-process one's size)."""
     import torch.distributed.checkpoint as dcp
 
     with_optimizer = bool(optimizer.state)
@@ -223,9 +214,8 @@ def _sharded_state(
 def load_sharded(
     policy: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str, with_optimizer: bool
 ) -> None:
-    """Read what `save_sharded` wrote into a sharded policy and its optimizer (a collective; each rank reads
-    the slices of its own shards). Without saved optimizer state the optimizer is reset to empty, as a
-    single-process `load_state_dict` of a step-0 checkpoint does."""
+    """Read what `save_sharded` wrote (a collective; each rank reads its own shards). Without saved optimizer
+    state the optimizer is reset to empty, as a single-process step-0 `load_state_dict` does."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
@@ -257,8 +247,7 @@ def all_reduce_sum(value: float, world: World) -> float:
 
 
 def all_reduce_stats(stats: dict[str, float], world: World) -> dict[str, float]:
-    """Per-rank partial sums -> global sums, in one collective; keys ending in '/max' take the maximum.
-    Every rank must pass the same keys."""
+    """Per-rank partial sums -> global sums in one collective ('/max' keys: max); same keys on all ranks."""
     if world.world_size == 1:
         return dict(stats)
     keys = sorted(stats)
@@ -274,9 +263,8 @@ def all_reduce_stats(stats: dict[str, float], world: World) -> dict[str, float]:
 
 
 def agree_on_norm(value: float, world: World) -> float:
-    """One value every rank agrees on for a per-rank gradient norm: NaN when any rank's is not finite,
-    else the largest. The per-step guards judge it, so all ranks skip (or apply) an update together, even
-    when only one rank's gradients went bad after the synchronisation."""
+    """A per-rank gradient norm every rank agrees on (NaN if any is not finite, else the largest), so all
+    ranks skip or apply an update together even when one rank's gradients went bad after the sync."""
     if world.world_size == 1:
         return value
     finite = math.isfinite(value)

@@ -61,8 +61,7 @@ def _eval_passes(args: argparse.Namespace) -> tuple[bool, int, float]:
 
 
 def _task_params(args: argparse.Namespace, run_cfg: dict[str, Any]) -> tuple[dict[str, Any], int, str]:
-    """Task parameters, task seed and template request: the run's (if the model came from a run on the same
-    task), then --task-param / --template on top."""
+    """Task parameters, seed and template: the run's (same task), then --task-param / --template on top."""
     task_cfg = run_cfg.get("task", {}) if run_cfg.get("task", {}).get("name") == args.task else {}
     params = dict(task_cfg.get("params", {}))
     for item in args.task_param:
@@ -227,8 +226,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _settings_args(
     args: argparse.Namespace, settings: dict[str, Any]
 ) -> tuple[argparse.Namespace, dict[str, Any]]:
-    """Eval options and a run config that reproduce a saved eval result's problems and decoding (to
-    evaluate a model against it)."""
+    """Eval options and a run config reproducing a saved result's problems and decoding (to compare)."""
     new = argparse.Namespace(**vars(args))
     new.task = settings.get("task", args.task)
     new.template = None

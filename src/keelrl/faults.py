@@ -1,8 +1,6 @@
-"""Chaos drills (`[faults]`): inject the failures a long run meets, on purpose, to rehearse recovery.
-
-Every fault fires at most once per run: before firing it is written to events.jsonl as kind "fault",
-and a restarted worker reads the events to know what already fired, so the restart a fault causes does
-not trigger it again. All faults are off by default.
+"""Chaos drills (`[faults]`, all off by default): inject the failures a long run meets, to rehearse recovery.
+Every fault fires at most once per run: it is written to events.jsonl (kind "fault") before firing, and a
+restarted worker reads the events, so the restart a fault causes does not trigger it again.
 """
 
 from __future__ import annotations
@@ -64,9 +62,8 @@ class FaultInjector:
         )
 
     def before_save(self, step: int) -> Callable[[str], None] | None:
-        """The hook for this step's checkpoint write (called after each file it writes), or None: a kill
-        after the weights file, before the manifest (kill_during_save_at_step), or a full disk when the
-        trainer state is written (disk_full_at_step)."""
+        """The hook for this step's checkpoint write (called after each file), or None: a kill after the
+        weights, before the manifest (kill_during_save_at_step), or a full disk at the trainer state."""
         c = self.cfg
 
         def at_trainer_state(act: Callable[[], None]) -> Callable[[str], None]:

@@ -61,9 +61,8 @@ class ModelLoadError(ValueError):
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerBase:
-    """A character-level tokenizer over printable ASCII and newline, saved and loaded like any HF tokenizer.
-    EOS doubles as the pad token (as in many real tokenizers), which the trainer must handle: masks come
-    from lengths, never from `token == pad`."""
+    """A character tokenizer over printable ASCII and newline, saved and loaded like any HF tokenizer. EOS
+    doubles as pad (as in many real tokenizers): masks come from lengths, never from `token == pad`."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -182,8 +181,8 @@ def load_gguf(
             f"could not read the GGUF file {path}: {err}. transformers dequantises GGUF files of the architectures "
             "it knows (llama, qwen2, mistral, ...); check that the file is complete and of such an architecture."
         ) from None
-    # The weights are dequantised to `dtype` on load: the model is an ordinary one now. transformers still
-    # marks it as GGUF-quantised and then refuses save_pretrained (the final HF export); drop the mark.
+    # Dequantised to `dtype` on load, the model is ordinary, but transformers still marks it GGUF-quantised
+    # and then refuses save_pretrained (the final HF export): drop the mark.
     model.hf_quantizer = None
     model.is_quantized = False
     if getattr(model.config, "quantization_config", None) is not None:
@@ -316,17 +315,13 @@ def _ensure_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
 
 
 def compile_decoder(model: PreTrainedModel) -> None:
-    """torch.compile the model's decoder in place (train.compile). In place (`Module.compile`) keeps the
-    parameter names and the module tree, so checkpoints, state dicts and the sampler are unchanged; dynamic
-    shapes keep a new batch or sequence length from triggering a recompile. The head stays eager: keelrl runs
-    it only on the positions it scores.
-
-    Without gradients (sampling) the rotary embedding runs eagerly, so its cos/sin reach the compiled layers as
-    tensors. Compiled along with them, inductor fused cos/sin into the decode step's query-key reduction and
-    recomputed them for every key position: one layer's decode attention took 12.6 ms against 1.4 ms with
-    cos/sin passed in (docs/decode_attention.json); in the sampler's profile, 1.7 against 1.1 ms per call.
-    With gradients (the update) the same graph break measured no faster in two A/Bs of the fast step, so there
-    the rotary embedding is compiled with the layers."""
+    """torch.compile the model's decoder in place (train.compile, `Module.compile`: parameter names and module
+    tree unchanged, so are checkpoints, state dicts and the sampler); dynamic shapes avoid recompiles on new
+    lengths. The head stays eager: keelrl runs it only on scored positions. Without gradients (sampling) the
+    rotary embedding runs eagerly: compiled with the layers, inductor fused cos/sin into the decode step's
+    query-key reduction and recomputed them per key position (one layer's decode attention 12.6 ms against
+    1.4 ms, docs/decode_attention.json; 1.7 against 1.1 ms per call in the sampler's profile). With gradients
+    that graph break measured no faster in two A/Bs of the fast step, so there it compiles with the layers."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     target = decoder if isinstance(decoder, torch.nn.Module) else model
     target.compile(dynamic=True)
@@ -336,8 +331,7 @@ def compile_decoder(model: PreTrainedModel) -> None:
 
 
 def _eager_without_grad(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """`forward`, kept out of torch.compile's graph when gradients are off (dynamo guards on grad mode, so
-    the two cases compile separately)."""
+    """`forward`, kept out of torch.compile's graph when gradients are off (dynamo guards on grad mode)."""
     eager = torch.compiler.disable(forward)
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:

@@ -1,9 +1,9 @@
 """Recovery: checkpoints, the guards' actions (rollback, stop), preemption and the final export.
 
-A checkpoint is snapshotted to CPU memory and committed atomically by rank 0 (in a background thread
-when checkpoint.async_save); its bookkeeping (events, pruning, status) happens in the main thread in
-`collect_saves`. A rollback returns to the newest verified checkpoint marked healthy that was taken before
-the trouble began, skips the problems drawn since, and sets aside the checkpoints after it.
+A checkpoint is snapshotted to CPU memory and committed atomically by rank 0 (in a background thread when
+checkpoint.async_save); its bookkeeping (events, pruning, status) happens in the main thread in
+`collect_saves`. A rollback returns to the newest verified checkpoint marked healthy taken before the
+trouble began and skips the problems drawn since.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from keelrl.state import TrainState
 def save_checkpoint(
     run: Run, state: TrainState, metrics: dict[str, float], reason: str, wait: bool = False
 ) -> None:
-    """Snapshot `state` to CPU memory and commit it (rank 0 writes), in the background when
-    checkpoint.async_save. A sharded policy's ranks first write their shards (synchronously) into the
-    directory that becomes the checkpoint. Bookkeeping (events, pruning, status) happens in `collect_saves`."""
+    """Snapshot `state` and commit it (see the module docstring). A sharded policy's ranks first write their
+    shards (synchronously) into the directory that becomes the checkpoint."""
     t0 = time.perf_counter()
     optimizer_state, staged = None, None
     if is_sharded(state.policy):
@@ -159,10 +158,8 @@ def guard_phase(run: Run, state: TrainState) -> str:
 
 
 def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
-    """Return to the newest verified checkpoint marked healthy and taken before the trouble began, skip the
-    problems drawn since (they are not replayed), optionally scale the learning rate. Checkpoints after the
-    target are set aside (renamed `rolled_back-...`), so a crash now cannot resume into the trouble.
-    Returns False when no rollback is possible (none left, or no healthy checkpoint): the run then stops."""
+    """Roll back (module docstring), optionally scaling the lr; later checkpoints become `rolled_back-...`,
+    so a crash cannot resume into the trouble. False when none is possible: the run then stops."""
     cfg = run.cfg.guards
 
     def refuse(reason: str) -> bool:

@@ -1,13 +1,10 @@
 """What a training run is made of, split by how long each part lives.
-
 - `TrainState` (state.py): everything a restart needs; saved in every checkpoint.
-- `Run`: fixed for the life of one worker process once `setup` has built it: the config, the world,
-  the run directory, tokenizer, task, sampler, sinks. Nothing in the loop assigns to it (the objects it
-  holds keep their own caches and cursors: the prompter's rendered prompts, the problem source, whose
-  cursor `TrainState.curriculum` saves).
-- `Live`: what changes while the process runs but is not needed by a restart, because it is rebuilt
-  from the run directory or from `TrainState` (the metric history the rules read, the guard engine,
-  pending checkpoint results, a SIGTERM's stop request).
+- `Run`: fixed for the life of one worker process once `setup` built it: config, world, run directory,
+  tokenizer, task, sampler, sinks. Nothing in the loop assigns to it (the objects it holds keep their own
+  caches and cursors, e.g. the problem source, whose cursor `TrainState.curriculum` saves).
+- `Live`: what changes while the process runs but a restart rebuilds from the run directory or from
+  `TrainState` (the metric history, the guard engine, pending checkpoint results, a SIGTERM's stop request).
 """
 
 from __future__ import annotations
@@ -111,8 +108,7 @@ class Run:
         return self.sampler_model if is_sharded(state.policy) else state.policy
 
     def sync_sampler(self, state: TrainState) -> None:
-        """Hand the sampler the current weights, tagged with the policy version. A sharded policy is
-        gathered (every rank takes part) into the whole-weights copy first."""
+        """Hand the sampler the current weights and policy version (a sharded policy is gathered first)."""
         if is_sharded(state.policy):
             self.sampler_model.load_state_dict(full_state_dict(state.policy))
         self.sampler.update_weights(untied_state_dict(self.sampler_model).items(), state.policy_version)

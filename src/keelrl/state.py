@@ -1,8 +1,7 @@
 """`TrainState`: everything a restart needs, in one object. If it is not here, it does not survive a crash.
-
-The sampler's randomness is derived from (train.seed, step, row), and problem choice from the data cursor
-and the curriculum state, so restoring this object restores the run exactly. The global RNGs (python,
-numpy, torch) are captured too, for any code that draws from them.
+Sampling randomness derives from (train.seed, step, row) and problem choice from the data cursor and the
+curriculum state, so restoring this object restores the run exactly; the global RNGs (python, numpy,
+torch) are captured too, for any code that draws from them.
 """
 
 from __future__ import annotations

@@ -3,22 +3,19 @@ preemption signals into a clean checkpoint-and-exit.
 
     keelrl train CONFIG ...   ->  supervise()  --spawns-->  python -m keelrl worker CONFIG ... --resume auto
 
-Liveness. The worker writes `RUN/heartbeat.json` (step, phase, last checkpoint) from its main thread at
-every phase boundary and inside the long loops (token by token while sampling, micro-batch by
-micro-batch while training), at most once a second. A background thread would keep beating while the
-main thread is stuck, so there is none. No heartbeat for `supervisor.hang_timeout_s` (or
-`startup_timeout_s` before the first one) means hung: the worker's process group is SIGKILLed and the run
-restarts from its last checkpoint. A SIGSTOPped worker is caught the same way.
+Liveness. The worker writes `RUN/heartbeat.json` from its main thread at every phase boundary and inside the
+long loops (per token while sampling, per micro-batch while training), at most once a second; a background
+thread would keep beating while the main thread is stuck, so there is none. No heartbeat for
+`supervisor.hang_timeout_s` (`startup_timeout_s` before the first) means hung (a SIGSTOPped worker too): the
+worker's process group is SIGKILLed and the run restarts from its last checkpoint.
 
-Crashes. A non-zero exit or a death by signal (an OOM kill is SIGKILL) restarts the worker after a
-backoff that doubles with consecutive restarts (capped at 60 s), at most `max_restarts` times per
-`restart_window_s`. When `crash_loop_restarts` consecutive attempts die without getting past the step
-the previous one died at, the supervisor stops and says so, with the tail of the worker's log, instead
-of burning the budget.
+Crashes. A non-zero exit or death by signal (an OOM kill is SIGKILL) restarts the worker after a backoff that
+doubles per consecutive restart (capped at 60 s), at most `max_restarts` per `restart_window_s`. When
+`crash_loop_restarts` consecutive attempts die without passing the previous one's step, the supervisor stops
+and says so, with the tail of the worker's log, instead of burning the budget.
 
-Preemption. SIGTERM or SIGINT to the supervisor is forwarded to the worker as SIGTERM; the worker
-finishes its current step, saves a checkpoint and exits 0 with state "preempted". A second SIGINT/SIGTERM
-kills the worker at once.
+Preemption. SIGTERM/SIGINT reaches the worker as SIGTERM: it finishes its step, checkpoints and exits 0
+("preempted"); a second signal kills it at once.
 
 The supervisor holds the run directory's lock (monitor/run_lock.py) for all its workers, so a restarted
 worker is never refused and a second trainer on the same directory is refused before it writes anything.
@@ -108,8 +105,7 @@ class Attempt:
 
 
 def _die_with_parent() -> None:
-    """In the worker, before exec: on Linux, ask the kernel to SIGKILL it if the supervisor dies, so a killed
-    supervisor never leaves an unsupervised worker behind."""
+    """In the worker, before exec: on Linux, the kernel SIGKILLs it if the supervisor dies (no orphan)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -150,7 +146,6 @@ class Supervisor:
         self.restart_times: deque[float] = deque()
         self.restarts = 0
 
-    # signals -------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signals += 1
         if self.proc is None or self.proc.poll() is not None:
@@ -179,7 +174,6 @@ class Supervisor:
             pass
         self.proc.wait()
 
-    # main loop -----------------------------------------------------------------------------------
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:

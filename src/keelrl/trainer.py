@@ -2,17 +2,15 @@
 
     collect (sample -> score -> refill) -> advantages -> update -> metrics -> guards -> eval -> checkpoint
 
-`setup` builds a `Run` (fixed for the run: config, task, tokenizer, sampler, sinks) and a `TrainState`
-(everything a restart needs); each phase is one call into the module named after it: collect.py,
-update.py, recovery.py. The update sees only per-token (log-prob, old log-prob, advantage, mask); group
-logic stays in the advantage estimators. docs/ARCHITECTURE.md draws the data flow of one step.
+`setup` builds a `Run` and a `TrainState` (run.py); each phase is one call into the module named after it:
+collect.py, update.py, recovery.py. docs/ARCHITECTURE.md draws the data flow of one step.
 
 Where this departs from the usual GRPO trainer, and why:
 - Old-policy log-probs come from the sampler by default (`algo.old_logprobs = "sampler"`): the in-process
   sampler computes exactly what the trainer would, so the extra forward pass is skipped. A test checks the
   gap is below 1e-4; set "recompute" for a sampler whose numerics differ.
-- Dropout stays off during RL (the model stays in eval mode): updates are then deterministic on CPU,
-  which is what makes resume bit-exact.
+- Dropout stays off during RL (the model stays in eval mode): updates are then deterministic on CPU, which
+  is what makes resume bit-exact.
 """
 
 from __future__ import annotations
@@ -48,8 +46,8 @@ __all__ = ["GuardStop", "ResumeError", "setup", "train", "train_step"]
 
 
 def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dict[str, Any]:
-    """Run (or resume) RL training into `run_path`; returns the summary written to summary.json (or
-    {"state": "preempted"} when a SIGTERM asked the run to checkpoint and stop)."""
+    """Run (or resume) RL training into `run_path`; returns summary.json's content ({"state": "preempted"}
+    after a SIGTERM)."""
     run, state = setup(cfg, run_path, resume)
     world = run.world
     if run.console is not None:
@@ -169,8 +167,7 @@ def log_step(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
 
 
 def eval_phase(run: Run, state: TrainState) -> dict[str, float]:
-    """Held-out eval of the current policy (greedy by default), shared with `keelrl eval`. Rank 0 evaluates;
-    every rank gets the numbers."""
+    """Held-out eval of the current policy, as `keelrl eval`; rank 0 evaluates, every rank gets the result."""
     metrics: dict[str, float] = {}
     if run.world.is_writer:
         metrics = _eval_metrics(run, state)

@@ -1,11 +1,7 @@
-"""The update: advantages over the global batch, the training batch, and the optimizer step.
+"""The update: advantages over the global batch, the training batch, and the optimizer steps (`update_phase`).
 
-The update sees only per-token tensors (log-prob, old log-prob, advantage, mask) and the objective
-chosen by `algo.objective` (algo/objectives.py); group logic stays in the advantage estimators.
-`ppo_epochs` passes, each split into `minibatches` optimizer steps, each accumulated over micro-batches
-whose loss weights use global token and sequence counts, so the gradient is the same for any
-micro-batch size and any number of ranks. Each optimizer step is first judged by the per-step guards
-and skipped (gradient dropped) when one fires.
+The update sees only per-token tensors (log-prob, old log-prob, advantage, mask) and the objective chosen by
+`algo.objective` (algo/objectives.py); group logic stays in the advantage estimators.
 """
 
 from __future__ import annotations
@@ -40,9 +36,8 @@ from keelrl.supervisor import pulse
 
 
 def advantage_phase(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, float], float]:
-    """Advantages from the global batch's rewards (every rank gathers all rewards, so batch-level
-    estimators see the same numbers everywhere, and keeps its own slice). Returns the estimator's metrics
-    and the batch's mean |advantage| (the per-step guards scale their loss bound by it)."""
+    """Advantages from the global batch's rewards (gathered on every rank, each keeping its slice); returns
+    the estimator's metrics and the mean |advantage| (the per-step guards scale their loss bound by it)."""
     a = run.cfg.algo
     local = [r.reward for r in rollouts]
     rewards = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)
@@ -58,8 +53,7 @@ def advantage_phase(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, float]
 @dataclass
 class TrainBatch:
     """Right-padded sequences (prompt + completion). target_mask[i, t] = 1 where position t predicts a
-    trainable completion token (built from prompt and completion lengths, never from pad ids); the
-    per-token tensors are aligned with it."""
+    trainable completion token (from lengths, never from pad ids); per-token tensors align with it."""
 
     input_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, T]
@@ -110,9 +104,8 @@ def micro_batches(
     batch: TrainBatch, idx: torch.Tensor, size: int, group_prompts: bool = False
 ) -> list[TrainBatch]:
     """Split the mini-batch `idx` into micro-batches of similar lengths (less padding). With `group_prompts`
-    (prefix sharing), rows with the same prompt are kept next to each other (ordered by prompt length, prompt,
-    then length), so a micro-batch holds few distinct prompts and runs each once. The loss does not depend on
-    the split: weights use global counts."""
+    (prefix sharing) rows are ordered by (prompt length, prompt, length), so a micro-batch holds few distinct
+    prompts and runs each once. The loss does not depend on the split (weights use global counts)."""
     if not group_prompts:
         order = idx[torch.argsort(batch.lengths[idx], stable=True)]
     else:
@@ -139,8 +132,7 @@ def forward_logprobs(
     share_prefix: bool = True,
     autocast: Autocast = "off",
 ) -> torch.Tensor:
-    """Log-probs [B, T] of every completion token of the batch under `model` (a policy, or the run's
-    train_module), micro-batched, no gradient."""
+    """Log-probs [B, T] of the batch's completion tokens under `model` (policy or train_module), no grad."""
     module = as_logprob_module(model)
     out = torch.zeros_like(batch.sampler_logprobs)
     B = batch.input_ids.shape[0]
@@ -158,8 +150,7 @@ def forward_logprobs(
 def prepare_batch(
     run: Run, state: TrainState, rollouts: list[Rollout]
 ) -> tuple[TrainBatch, dict[str, float]]:
-    """Collate, and attach old-policy, reference and IS-weight log-probs. Measures the sampler/trainer
-    log-prob gap whenever the trainer recomputes (mismatch/*)."""
+    """Collate; attach old-policy, reference and IS-weight log-probs; measure mismatch/* when recomputing."""
     cfg, a, world = run.cfg, run.cfg.algo, run.world
     batch = collate(rollouts, run.tokenizer.pad_token_id or 0, world.device)
     temp, mbs = run.settings.temperature, cfg.train.micro_batch_size
@@ -182,8 +173,7 @@ def prepare_batch(
 def mismatch_metrics(
     trainer_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor, world: World
 ) -> dict[str, float]:
-    """Sampler vs trainer on the same tokens: mismatch/kl is the token mean of k3(sampler || trainer) (an
-    estimate of KL between the two), mismatch/max_abs the largest |log-prob gap|."""
+    """Sampler vs trainer: mismatch/kl, the token mean of k3(sampler || trainer), and mismatch/max_abs."""
     log_r = (trainer_lp - sampler_lp).clamp(-20, 20) * mask
     k3 = (torch.exp(log_r) - 1 - log_r) * mask
     n = all_reduce_sum(float(mask.sum()), world)
@@ -196,9 +186,8 @@ def mismatch_metrics(
 def update_phase(
     run: Run, state: TrainState, batch: TrainBatch, advantage_abs_mean: float
 ) -> dict[str, float]:
-    """PPO-style update: `ppo_epochs` passes, each split into `minibatches` optimizer steps, each
-    accumulated over micro-batches with global-count loss weights. Each optimizer step is first judged
-    by the per-step guards and skipped (gradient dropped) when one fires."""
+    """`ppo_epochs` passes, each split into `minibatches` optimizer steps (see `minibatch_backward`); each
+    step is first judged by the per-step guards and skipped (gradient dropped) when one fires."""
     cfg, a, world = run.cfg, run.cfg.algo, run.world
     policy = state.policy
     assert run.train_module is not None  # set by setup for every world size
@@ -287,11 +276,10 @@ def minibatch_backward(
     share_prefix: bool = True,
     autocast: Autocast = "off",
 ) -> dict[str, float]:
-    """Accumulate into .grad the gradient of the mini-batch `idx`'s loss, one micro-batch at a time.
-    Every micro-batch is weighted with the mini-batch's global token and sequence counts, so the summed
-    gradient (and loss) is the same for any micro_batch_size and any number of ranks. Returns the
-    mini-batch's loss terms and its per-token statistics as token means. `policy` is a model or the
-    run's train_module (DDP / FSDP2: gradients are summed over ranks on the last micro-batch)."""
+    """Accumulate into .grad the gradient of the mini-batch `idx`'s loss, one micro-batch at a time, each
+    weighted with the mini-batch's global token and sequence counts (so the gradient is the same for any
+    micro_batch_size and world size). Returns the loss terms and per-token statistics as token means.
+    `policy` is a model or the run's train_module (DDP / FSDP2: ranks sync on the last micro-batch)."""
     a = algo
     module = as_logprob_module(policy)
     scale = loss_scale(world)

@@ -1,21 +1,19 @@
 """Advantage estimators over groups of completions of the same prompt.
 
-All functions take rewards for a whole batch laid out group by group (`[num_groups * group_size]`, the
-completions of prompt g at positions g*G .. g*G+G-1) and return one advantage per completion, which the
-trainer broadcasts to every trainable token of that completion (outcome rewards, gamma = lambda = 1).
+Each takes a batch's rewards group by group (`[num_groups * group_size]`: prompt g's completions at g*G ..
+g*G+G-1) and returns one advantage per completion, which the trainer broadcasts to its trainable tokens
+(outcome rewards, gamma = lambda = 1).
 
 Departures from the papers, stated:
-- GRPO divides by the group's sample standard deviation (Bessel-corrected, as torch.std does; the paper
-  does not specify) plus `std_eps`; a group whose rewards are all equal gets advantage 0.
-- Dr. GRPO (arXiv 2503.20783) drops the std division; its other change, a constant loss normaliser,
-  is `algo.loss_agg = "constant"` in losses.py, chosen separately.
+- GRPO divides by the group's sample std (Bessel-corrected, as torch.std; the paper does not specify) plus
+  `std_eps`; a group whose rewards are all equal gets advantage 0.
+- Dr. GRPO (arXiv 2503.20783) drops the std division; its constant loss normaliser is the separate
+  `algo.loss_agg = "constant"` (losses.py).
 - RLOO's baseline is the mean of the other G-1 rewards, r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean).
-- REINFORCE++ normalises over the whole batch (mean and population std of the global batch); with
-  `group_baseline` the group mean is subtracted first (the "REINFORCE++-baseline" variant). Its KL term
-  is the separate KL loss, not folded into the reward. The normalisation is per sequence: each
-  completion counts once in the mean and std. Its authors' code (OpenRLHF) normalises per token, over
-  every trainable token of the batch, so a long completion weighs more there; with outcome rewards and
-  no KL in the reward the two differ only in that weighting.
+- REINFORCE++ normalises over the whole batch (mean and population std); `group_baseline` subtracts the group
+  mean first ("REINFORCE++-baseline"). Its KL term is the separate KL loss, not in the reward. Normalisation
+  is per sequence (each completion counts once); its authors' code (OpenRLHF) normalises per token, so a
+  long completion weighs more there; with outcome rewards and no KL in the reward that is the only difference.
 """
 
 from __future__ import annotations

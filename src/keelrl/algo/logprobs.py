@@ -3,12 +3,11 @@
 Two savings over a plain forward of every (prompt + completion) sequence, both exact:
 - Only positions that predict completion tokens go through the output head: for a 49k-vocabulary model the
   head dominates the cost, and prompts are usually longer than completions.
-- Shared prefixes run once (`share_prefix`): GRPO samples G completions of each prompt, so a batch holds
-  each prompt G times. The rows are split into a prefix (everything before the first scored position,
-  i.e. the prompt minus its last token) and a suffix; each distinct prefix goes through the decoder once,
-  its keys/values are copied to the rows that share it, and the suffixes attend to them. Gradients flow
-  back through the copies into the one prefix pass, so the loss and its gradient are those of the padded
-  forward (up to float rounding; a test checks 1e-5 on log-probs and 1e-6 on gradients).
+- Shared prefixes run once (`share_prefix`): a GRPO batch holds each prompt G times. Each row is split into a
+  prefix (before the first scored position) and a suffix; each distinct prefix goes through the decoder
+  once, its keys/values are copied to the rows that share it, and the suffixes attend to them. Gradients
+  flow back through the copies into the one prefix pass, so the loss and its gradient are those of the
+  padded forward (up to float rounding; tested to 1e-5 on log-probs and 1e-6 on gradients).
 """
 
 from __future__ import annotations
@@ -58,20 +57,17 @@ def _head_is_plain(model: PreTrainedModel) -> bool:
 
 
 def padded_row_count(n: int) -> int:
-    """n rounded up to a multiple of 2 ** (bit_length(n) - 5): sixteen sizes per power of two, padding under
-    1/16 of n."""
+    """n rounded up to a multiple of 2 ** (bit_length(n) - 5): 16 sizes per power of two, padding < n/16."""
     step = 1 << max(0, n.bit_length() - 5)
     return -(-n // step) * step
 
 
 def scored_logits(model: PreTrainedModel, hidden: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
-    """The output head on the scored positions only: hidden [B, S, H], scored [B, S] bool -> logits [N, V],
-    row-major.
-
-    For a bf16 matmul on CPU, oneDNN builds a kernel for every new shape, and the number of scored tokens
-    differs in nearly every micro-batch: a 98-token head took 3.0 ms forward and 13.7 ms backward at a new
-    row count against 0.6 and 1.6 ms at a repeated one (benchmarks/cpu_overheads.py). There the rows are
-    padded to `padded_row_count` (row 0 repeated, its extra logits dropped), so the shapes repeat."""
+    """The output head on the scored positions only: hidden [B, S, H], scored [B, S] bool -> logits [N, V]
+    (row-major). For a bf16 matmul on CPU, oneDNN builds a kernel for every new shape, and the number of
+    scored tokens differs in nearly every micro-batch: a 98-token head took 3.0 ms forward and 13.7 ms
+    backward at a new row count against 0.6 and 1.6 ms at a repeated one (benchmarks/cpu_overheads.py), so
+    there the rows are padded to `padded_row_count` (row 0 repeated, its extra logits dropped)."""
     head = model.get_output_embeddings()
     index = scored.flatten().nonzero().squeeze(1)  # [N]
     n = int(index.numel())
@@ -88,8 +84,7 @@ def _cache_kwarg(module: torch.nn.Module) -> str:
 
 
 def supports_prefix_sharing(model: PreTrainedModel) -> bool:
-    """Prefix sharing needs every layer to attend to the full past (no sliding windows, no linear or
-    recurrent layers) and a model that takes a KV cache."""
+    """Needs full-past attention in every layer (no sliding window, linear, recurrent) and a KV cache."""
     cfg = model.config
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return False
@@ -131,9 +126,8 @@ class PrefixPlan:
 def plan_prefix_sharing(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor
 ) -> PrefixPlan | None:
-    """Right-padded input_ids/attention_mask [B, T], scored [B, T] (positions whose next token is scored).
-    The prefix of row i is everything before its first scored position (before its last token when
-    nothing is scored). Returns None when no two rows share a prefix, or a row has an empty prefix."""
+    """Right-padded input_ids/attention_mask [B, T], scored [B, T]. Row i's prefix is everything before its
+    first scored position (or last token). None when no two rows share a prefix, or one is empty."""
     B, T = input_ids.shape
     lengths = attention_mask.sum(dim=1)  # [B]
     any_scored = scored.any(dim=1)  # [B]
@@ -229,9 +223,8 @@ def completion_logprobs(
 
 
 class LogprobModule(torch.nn.Module):
-    """`completion_logprobs` of `model` as a module, so one forward call covers everything the training
-    forward runs (the shared-prefix path calls the decoder and the head separately). This is the module
-    DistributedDataParallel wraps and FSDP2 shards: their hooks see a single forward per micro-batch."""
+    """`completion_logprobs` of `model` as a module: one forward call covers the decoder and head calls, so
+    the hooks of DistributedDataParallel and FSDP2 (which wrap this) see one forward per micro-batch."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()

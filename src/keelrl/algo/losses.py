@@ -1,11 +1,9 @@
 """Policy-gradient losses, KL and entropy terms, and loss normalisation.
 
-Per-token functions take `[B, T]` tensors aligned with the completion tokens and return `[B, T]`;
-positions outside the mask may hold anything and are ignored by the weights. The scalar loss is
-`sum(per_token_loss * weights)`, where `token_weights` encodes the normalisation choice with
-*global* counts (the whole mini-batch across micro-batches and ranks). Because every micro-batch is
-weighted by the same global normaliser, summing micro-batch losses gives exactly the full-batch loss:
-micro-batching and data parallelism do not change the update.
+Per-token functions take and return `[B, T]` tensors aligned with the completion tokens; positions outside
+the mask are ignored by the weights. The loss is `sum(per_token_loss * weights)`, where `token_weights`
+normalises with *global* counts (the whole mini-batch across micro-batches and ranks), so summed
+micro-batch losses are exactly the full-batch loss: micro-batching and data parallelism do not change it.
 """
 
 from __future__ import annotations
@@ -44,12 +42,11 @@ def ppo_clip_loss(
     clip_high: float,
     dual_clip: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO-clip with separate lower/upper ranges (DAPO's clip-higher) and optional dual clip.
-
-    logprobs, old_logprobs [B, T]; advantages [B, T] (or broadcastable). Returns (loss [B, T], stats) where
-    stats hold per-token float indicators `clipped_low` (ratio < 1 - clip_low with A < 0: gradient cut),
-    `clipped_high` (ratio > 1 + clip_high with A > 0), `dual_clipped`, and `ratio`.
-    Dual clip (Ye et al. 2020): for A < 0 the loss is capped at -c * A, so a huge ratio cannot explode it."""
+    """PPO-clip with separate lower/upper ranges (DAPO's clip-higher) and optional dual clip. logprobs,
+    old_logprobs [B, T]; advantages [B, T] (or broadcastable). Returns (loss [B, T], stats) where stats hold
+    per-token float indicators `clipped_low` (ratio < 1 - clip_low with A < 0: gradient cut), `clipped_high`
+    (ratio > 1 + clip_high with A > 0), `dual_clipped`, `ratio`. Dual clip (Ye et al. 2020): for A < 0 the
+    loss is capped at -c * A."""
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)  # [B, T]
     unclipped = -advantages * ratio

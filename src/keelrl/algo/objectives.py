@@ -1,11 +1,9 @@
-"""Policy objectives: the whole per-micro-batch loss the update minimises, as a registry.
+"""Policy objectives: the whole per-micro-batch loss the update minimises, as a registry (`OBJECTIVES`, looked
+up by `algo.objective`).
 
-Contract: an objective takes one micro-batch's `LossInputs` (per-token `[b, T]` tensors aligned with
-the completion tokens, one advantage per sequence) and the run's `AlgoConfig`, and returns
-`(loss, metrics)`: a scalar whose `.backward()` gives this micro-batch's share of the mini-batch
-gradient, and plain floats. Both weight tensors carry *global* counts (the whole mini-batch across
-micro-batches and ranks), so summing the micro-batches' losses and metrics gives the mini-batch's
-(see losses.py). `OBJECTIVES` maps a config name to its function; the update looks the name up there.
+Contract: an objective takes one micro-batch's `LossInputs` and the run's `AlgoConfig` and returns `(loss,
+metrics)`: a scalar whose `.backward()` gives this micro-batch's share of the mini-batch gradient, and plain
+floats. Both weight tensors carry *global* counts, so summing micro-batches gives the mini-batch (losses.py).
 
 `ppo_clip`, per trainable token t, with r = exp(logprobs - old_logprobs), A the sequence's advantage,
 w = loss_weights, rho = the truncated importance weight (1 when off), c = dual_clip:
@@ -13,27 +11,24 @@ w = loss_weights, rho = the truncated importance weight (1 when off), c = dual_c
     pg_t = max(-A r_t, -A clip(r_t, 1 - clip_low, 1 + clip_high)), capped at -c A where A < 0 and c > 0
     loss = sum_t w_t rho_t pg_t + kl_coef * sum_t w_t KL_t(pi || ref) - entropy_coef * sum_t w_t H_t
 
-Normalisation: `loss_weights` are `losses.token_weights` under `algo.loss_agg` (token_mean, DAPO;
-seq_mean_token_mean, GRPO; constant, Dr. GRPO) and weight all three terms. The metrics do not follow
-the loss: `entropy`, `clipfrac/low|high|dual`, `kl/old` and `kl/ref` are always token means
-(`metric_weights` = mask / global trainable tokens), so a curve means the same under any `loss_agg`
-(under `constant` a loss-weighted entropy would read len/max_new_tokens of the true mean);
-`loss/policy` and `loss/total` are the loss values; `ratio/max` is the largest ratio over trainable
-tokens.
+`loss_weights` follow `algo.loss_agg` (token_mean, DAPO; seq_mean_token_mean, GRPO; constant, Dr. GRPO) and
+weight all three terms. The metrics do not: `entropy`, `clipfrac/low|high|dual`, `kl/old` and `kl/ref` are
+token means (`metric_weights`), so a curve means the same under any `loss_agg` (under `constant` a
+loss-weighted entropy would read len/max_new_tokens of the true mean); `loss/policy` and `loss/total` are the
+loss values; `ratio/max` is the largest ratio over trainable tokens.
 
 Departures, stated:
-- The entropy bonus (and the KL term) is normalised like the loss, not as a token mean. TRL's GRPO
-  logs entropy as a token mean and verl aggregates its bonus with the loss's mode; we do the latter so
-  that `entropy_coef` trades entropy against the policy term per token in the same ratio whatever
-  `loss_agg` is, and micro-batch invariance needs no second normaliser in the loss.
-- The truncated importance weight multiplies the policy-gradient term only; KL and entropy are
-  properties of the current policy, not of how the sample was drawn.
-- The KL to the reference is a loss term (GRPO), not a reward penalty; `kl/old` is k3 between the
-  old and current policy, for monitoring only.
+- The entropy bonus (and the KL term) is normalised like the loss, not as a token mean. TRL's GRPO logs
+  entropy as a token mean and verl aggregates its bonus with the loss's mode; we do the latter so that
+  `entropy_coef` trades entropy against the policy term per token in the same ratio whatever `loss_agg` is,
+  and micro-batch invariance needs no second normaliser in the loss.
+- The truncated importance weight multiplies the policy-gradient term only; KL and entropy are properties
+  of the current policy, not of how the sample was drawn.
+- The KL to the reference is a loss term (GRPO), not a reward penalty; `kl/old` is k3 between the old and
+  current policy, for monitoring only.
 
-Adding an objective: write `def name(inputs: LossInputs, algo: AlgoConfig) -> tuple[Tensor, dict]`
-here (or in its own module of algo/), put it in `OBJECTIVES` under its config name, and give it a
-worked-number test of its loss and gradient in tests/unit/test_objectives.py.
+Adding an objective: write `def name(inputs: LossInputs, algo: AlgoConfig) -> tuple[Tensor, dict]` here (or
+in a module of algo/), put it in `OBJECTIVES`, and give it a worked-number test (tests/unit/test_objectives.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Held-out evaluation that says how sure it is: the trainer's periodic eval and `keelrl eval` / `keelrl
-compare` share this code and the sampler.
-
-run.py         generation: per-problem records (`run_eval`, `summarize`, `score_errors`)
-stats.py       pass@k, maj@k, bootstrap intervals, paired differences (pure, numpy only)
-report.py      `EvalReport` (built by `evaluate`); `compare_results` and its verdicts
-gates.py       `parse_gate`, `check_gate`: pass/fail thresholds on results
-likelihood.py  perplexity of texts or of a task's reference solutions
-render.py      rich tables for the CLI
-The names below are the public API; the helpers stay in their modules.
+compare` share this code and the sampler. run.py generates per-problem records, stats.py estimates and
+bootstraps (pure, numpy only), report.py builds `EvalReport` and compares two, gates.py checks pass/fail
+thresholds, likelihood.py computes perplexities, render.py draws rich tables. The names below are the
+public API; the helpers stay in their modules.
 """
 
 from keelrl.evaluate.gates import GateError, check_gate, check_gates, parse_gate

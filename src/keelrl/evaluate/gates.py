@@ -55,9 +55,8 @@ class GateResult:
 
 
 def parse_gate(expr: str) -> Gate:
-    """Parse a gate such as `accuracy>=0.45`, `pass@4>0.6`, `accuracy.lo>=0.4` (the lower end of the 95%
-    interval), or `accuracy>=base-0.01` (the same metric in a baseline result, minus 0.01). Operators:
-    >=, >, <=, <, == (equal within 1e-9). Raises GateError saying what is wrong."""
+    """Parse a gate such as `accuracy>=0.45`, `pass@4>0.6`, `accuracy.lo>=0.4` (95% interval's lower end),
+    `accuracy>=base-0.01` (a baseline's value - 0.01). Operators >=, >, <=, <, == (within 1e-9); GateError."""
     m = _GATE_RE.match(expr)
     if m is None:
         raise GateError(

@@ -96,9 +96,8 @@ def perplexity(
     max_tokens: int | None = None,
     source: str = "texts",
 ) -> PerplexityResult:
-    """Perplexity of `model` on `texts`. Each text is scored from its start: after BOS when the tokenizer
-    has one, else from its second token. Texts longer than `max_tokens` (default: the model's
-    max_position_embeddings) are cut; empty texts are skipped."""
+    """Perplexity of `model` on `texts`, each scored after BOS (without one: from its second token), cut at
+    `max_tokens` (default: max_position_embeddings); empty texts are skipped."""
     limit = max_tokens or int(getattr(model.config, "max_position_embeddings", 0) or 2048)
     bos = tokenizer.bos_token_id
     items: list[tuple[list[int], list[int]]] = []
@@ -123,9 +122,8 @@ def reference_completion(task: Task, problem: Mapping[str, Any], assistant_prefi
     """The completion (text after the prompt's assistant prefix) that states the reference answer in the
     task's format, checked by the task's own scorer: the first of `ANSWER</answer>` (after a prefix ending
     in `<answer>`), `</think>\\n<answer>ANSWER</answer>`, `<answer>ANSWER</answer>`, a ```python fenced
-    block, and ANSWER verbatim that scores as correct. The reference answer is the problem's "reference"
-    when it has one, else the task's optional `reference_answer(problem)` (see `Task`). None when there is
-    no reference or none scores."""
+    block, and ANSWER verbatim that scores as correct. The reference answer is the problem's "reference",
+    else the task's optional `reference_answer(problem)`. None when there is none or none scores."""
     own = getattr(task, "reference_answer", None)
     answer = str(problem["reference"]) if "reference" in problem else own(dict(problem)) if own else None
     if answer is None:
@@ -154,9 +152,8 @@ def reference_perplexity(
     split: str = "test",
     batch_size: int = 8,
 ) -> PerplexityResult:
-    """Perplexity of the reference completions (see `reference_completion`, followed by EOS) given each
-    problem's rendered prompt; only completion tokens are scored. Problems without a checkable reference
-    are skipped (counted in `skipped`); none at all is a ConfigError."""
+    """Perplexity of `reference_completion` + EOS given each problem's prompt (completion tokens only).
+    Problems without a checkable reference are skipped (counted); none at all is a ConfigError."""
     from keelrl.rollout import render_prompt
 
     items: list[tuple[list[int], list[int]]] = []

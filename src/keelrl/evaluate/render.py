@@ -11,8 +11,7 @@ def _fmt(x: float) -> str:
 
 
 def render_summary(summary: Mapping[str, Any]) -> list[Any]:
-    """Rich renderables for an eval summary (or perplexity result): the metric table and the difficulty
-    breakdown."""
+    """Rich renderables for an eval summary (or perplexity result): metric table, difficulty breakdown."""
     from rich import box
     from rich.table import Table
 

@@ -1,12 +1,9 @@
-"""The report of one eval (`EvalReport`, built by `evaluate`), and the paired comparison of two.
+"""The report of one eval (`EvalReport`, built by `evaluate`: a greedy pass, optionally an n-sample pass;
+its `summary()` holds every metric with its interval, see stats.py), and the paired comparison of two.
 
-`evaluate` runs a greedy pass and, optionally, an n-sample pass at temperature t (see `run_eval`), and
-returns an `EvalReport`; its `summary()` holds every metric with its interval (see `keelrl.evaluate.stats`).
-
-Comparison. `compare_results` takes two reports on the same problems and bootstraps the per-problem
-differences B - A (paired: problems are resampled together), which is much tighter than comparing two
-independent intervals. The verdict is `better` / `worse` when the interval of the difference excludes 0
-(in the direction of improvement of that metric), else `indistinguishable`.
+`compare_results` bootstraps the per-problem differences B - A (problems resampled together), much tighter
+than comparing two independent intervals. The verdict is `better` / `worse` when the difference's interval
+excludes 0 (in the metric's direction of improvement), else `indistinguishable`.
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ if TYPE_CHECKING:
 
 SCHEMA = "keelrl.eval/1"
 
-# Direction of improvement per metric (+1 higher is better, -1 lower is better, 0 neither); names not
-# listed are matched by their last path component (so `sampled/truncated_frac` is -1).
+# Direction of improvement (+1 higher, -1 lower is better, 0 neither); unlisted names match by their last
+# path component (so `sampled/truncated_frac` is -1).
 _DIRECTION = {"truncated_frac": -1, "length/mean": 0, "perplexity": -1, "nll/token": -1}
 
 
@@ -149,9 +146,8 @@ def evaluate(
     meta: Mapping[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> EvalReport:
-    """A greedy pass (if `greedy`) and an n-sample pass at `temperature` (if `samples` > 0) over the first
-    `num_problems` problems of `split`. `ks` defaults to 1, 2, 4, ... n. `meta` (model name, task params, ...)
-    is stored in the report's settings."""
+    """A greedy pass (if `greedy`) and an n-sample pass (if `samples` > 0) over the first `num_problems` of
+    `split`. `ks` defaults to 1, 2, 4, ... n; `meta` (model name, task params, ...) goes into the settings."""
     from keelrl.rollout import SamplingSettings
 
     if not greedy and samples <= 0:
@@ -205,8 +201,7 @@ def metric_direction(name: str) -> int:
 
 
 def verdict(lo: float, hi: float, direction: int = 1) -> str:
-    """better / worse / indistinguishable for an interval [lo, hi] of B - A. For a metric with no
-    preferred direction (direction 0) the words are higher / lower / indistinguishable."""
+    """better / worse / indistinguishable for an interval [lo, hi] of B - A (direction 0: higher / lower)."""
     if lo > 0:
         return "better" if direction > 0 else "worse" if direction < 0 else "higher"
     if hi < 0:
@@ -221,11 +216,9 @@ def compare_results(
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Paired comparison of B against A over the same problems, for every metric both have.
-
-    Returns {"level", "problems", "metrics": {name: {"a", "b", "diff", "ci": [lo, hi], "verdict"}},
-    "only_in_a", "only_in_b", "setting_differences"}. `a`, `b` are reports or their JSON. Raises
-    ComparisonError if the problem lists differ."""
+    """Paired comparison of B against A (reports or JSON) for every metric both have: {"level", "problems",
+    "metrics": {name: {"a", "b", "diff", "ci": [lo, hi], "verdict"}}, "only_in_a", "only_in_b",
+    "setting_differences"}; ComparisonError if the problem lists differ."""
     ra, rb = (x if isinstance(x, EvalReport) else EvalReport.from_json(x, n) for x, n in ((a, "A"), (b, "B")))
     pa, pb = ra.problems(), rb.problems()
     if len(pa) != len(pb):

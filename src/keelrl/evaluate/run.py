@@ -1,12 +1,9 @@
-"""Generation: the per-problem records of an eval.
+"""Generation: the per-problem records of an eval, through the episode path training uses (episodes.py).
 
-`run_eval` generates `samples` completions for each of the first N test problems (greedy when the
-temperature is 0), scores them with the task's checker and returns per-problem records. A checker that
-raises scores that sample 0 and its error is kept (`score_errors`, as in training), so one bad completion
-does not end an eval, or the training run that called it. Sample j of problem i is drawn with the seed
-`stable_hash("eval", seed, i, j)`, and the sampler's randomness is per row, so an eval is a pure function
-of (model, problems, settings, seed), whatever the batch size. Two models evaluated with the same seed also
-share their random numbers (common random numbers), which makes paired comparisons sharper.
+Sample j of problem i is drawn with the seed `stable_hash("eval", seed, i, j)`, and the sampler's randomness
+is per row, so an eval is a pure function of (model, problems, settings, seed), whatever the batch size. Two
+models evaluated with the same seed share their random numbers, which makes paired comparisons sharper. A
+checker that raises scores that sample 0 and its error is kept (`score_errors`), as in training.
 """
 
 from __future__ import annotations
@@ -88,8 +85,7 @@ class ProblemResult:
 
 
 def extracted_answer(info: Mapping[str, Any], completion: str, formatted: bool) -> str | None:
-    """The answer a sample votes for: the scorer's `info["answer"]` when it gives one; otherwise the whole
-    completion when it was well-formed (e.g. a program), else None (no vote)."""
+    """A sample's vote: the scorer's `info["answer"]`, else the completion if well-formed, else None."""
     if "answer" in info:
         return None if info["answer"] is None else str(info["answer"])
     return completion.strip() if formatted else None
@@ -108,9 +104,8 @@ def run_eval(
     split: str = "test",
     on_progress: Callable[[int], None] | None = None,
 ) -> list[ProblemResult]:
-    """Generate and score `samples` completions for each of the first `num_problems` problems of `split`,
-    through the episode path training uses. `on_progress(k)` is called after each batch with the number of
-    completions it produced."""
+    """Generate and score `samples` completions for each of the first `num_problems` problems of `split`;
+    `on_progress(k)` is called after each batch of k completions."""
     from keelrl.rollout.episodes import Episode, Prompter, run_episodes
 
     results = [
@@ -136,9 +131,8 @@ def run_eval(
 
 
 def summarize(results: list[ProblemResult]) -> dict[str, float]:
-    """Means over problems of per-problem means (each problem counts once, whatever its sample count), and
-    `reward/errors`, the number of samples whose checker raised. The trainer's periodic eval logs these as
-    `eval/<name>`."""
+    """Means over problems of per-problem means (each problem counts once), and `reward/errors` (samples
+    whose checker raised). The trainer's periodic eval logs these as `eval/<name>`."""
     if not results:
         return {}
 

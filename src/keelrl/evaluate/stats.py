@@ -5,21 +5,15 @@ once, and one bootstrap over problems gives every interval:
 - `accuracy`: greedy accuracy (a problem's value is 1 if the greedy completion is correct). With no greedy
   pass it is `mean@n` (the report's `settings.accuracy_from` says which).
 - `mean@n`: mean correctness of the n samples (= pass@1 estimated from n samples).
-- `pass@k`: the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k)/C(n, k), computed as the stable
-  product 1 - prod_{i=n-c+1}^{n} (1 - k/i).
-- `maj@k`: majority vote over the extracted answers of k samples, averaged over all k-subsets of the n
-  samples (exactly when there are at most `MAJ_MAX_SUBSETS` subsets, else over that many seeded random
-  subsets), the same way pass@k averages over subsets. See `normalize_answer` for what counts as the same
-  answer; samples without an answer abstain; ties go to the answer whose first vote came earliest in
-  sample order. Samples are i.i.d., so this equals breaking ties uniformly at random, in expectation, and is
-  deterministic.
+- `pass@k`: the unbiased estimator of Chen et al. (2021), see `pass_at_k`.
+- `maj@k`: majority vote over k samples' answers, averaged over k-subsets like pass@k (`maj_at_k`). Ties
+  go to the answer whose first vote came earliest: samples are i.i.d., so in expectation this equals
+  breaking ties uniformly at random, and it is deterministic.
 - `reward/mean`, `format_rate`, `truncated_frac` (stopped by the token limit), `length/mean` (completion
   tokens): from the greedy pass when there is one, else from the sampled pass; with both passes the
   sampled pass's are also reported as `sampled/reward/mean`, ...
-Intervals (`ci95`) are percentile bootstrap intervals over problems (2000 resamples by default, seeded:
-the same report always gets the same interval). They cover problem-sampling noise; the decoding noise of
-the n samples within a problem is inside each problem's value. a paired comparison resamples the
-per-problem differences of two models together.
+Intervals (`ci95`) are seeded percentile bootstrap intervals over problems (2000 resamples by default). They
+cover problem-sampling noise; the decoding noise of a problem's n samples is inside its value.
 """
 
 from __future__ import annotations
@@ -43,9 +37,8 @@ MAJ_MAX_SUBSETS = 2000
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021): the probability that a
-    random k-subset of the n samples holds at least one correct one, 1 - C(n-c, k) / C(n, k), computed as
-    1 - prod_{i=n-c+1}^{n} (1 - k/i), which never forms the (huge) binomial coefficients."""
+    """Unbiased pass@k from n samples, c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), the chance a
+    random k-subset holds a correct one, computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i) (no huge binomials)."""
     if not (0 <= c <= n) or k < 1:
         raise ValueError(f"pass_at_k needs 0 <= c <= n and k >= 1, got n={n}, c={c}, k={k}")
     if k > n:
@@ -60,10 +53,9 @@ _PLAIN_INT_RE = re.compile(r"^[+-]?\d+$")
 
 
 def normalize_answer(answer: str | None) -> str | None:
-    """The key under which answers vote together in maj@k: all whitespace removed and case folded, and an
-    integer written with thousands separators (`1,234`, `1_234`), a sign or leading zeros reduced to its
-    canonical decimal form. Empty or missing answers are None (no vote). This is textual: two different
-    expressions with the same value (`1+2` and `2+1`) are different answers."""
+    """The key under which answers vote together in maj@k: whitespace removed, case folded, and an integer
+    with thousands separators (`1,234`, `1_234`), a sign or leading zeros in canonical form. Empty: None (no
+    vote). Textual: `1+2` and `2+1` are different answers."""
     if answer is None:
         return None
     key = "".join(answer.split()).casefold()
@@ -73,9 +65,8 @@ def normalize_answer(answer: str | None) -> str | None:
 
 
 def majority_vote(answers: Sequence[str | None], correct: Sequence[bool]) -> bool:
-    """Is the majority answer among `answers` correct? Answers are compared after `normalize_answer`;
-    None abstains; a tie goes to the tied answer whose first vote comes first; no votes at all is wrong.
-    The winning answer is correct when its first vote was."""
+    """Is the majority answer among `answers` (after `normalize_answer`; None abstains) correct? A tie goes
+    to the answer voted first; no votes is wrong. The winner is correct when its first vote was."""
     counts: dict[str, int] = {}
     first: dict[str, int] = {}
     for i, a in enumerate(answers):
@@ -93,8 +84,7 @@ def majority_vote(answers: Sequence[str | None], correct: Sequence[bool]) -> boo
 
 @functools.lru_cache(maxsize=64)
 def _subsets(n: int, k: int, seed: int) -> np.ndarray:
-    """[S, k] sample indices (ascending in each row): all k-subsets of range(n), or MAJ_MAX_SUBSETS random
-    ones drawn with `seed` when there are more. Cached; read-only."""
+    """[S, k] ascending sample indices: all k-subsets of range(n), or MAJ_MAX_SUBSETS seeded random ones."""
     if math.comb(n, k) <= MAJ_MAX_SUBSETS:
         out = np.array(list(itertools.combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
     else:
@@ -105,9 +95,8 @@ def _subsets(n: int, k: int, seed: int) -> np.ndarray:
 
 
 def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int, seed: int = 0) -> float:
-    """maj@k of one problem: the fraction of k-subsets of its n samples (each kept in sample order) whose
-    `majority_vote` is correct. All C(n, k) subsets when there are at most MAJ_MAX_SUBSETS, else that many
-    random subsets drawn with `seed`."""
+    """maj@k of one problem: the fraction of k-subsets of its n samples (in sample order) whose
+    `majority_vote` is correct, over the subsets `_subsets` gives."""
     n = len(answers)
     if len(correct) != n:
         raise ValueError(f"{n} answers but {len(correct)} correctness flags")
@@ -147,8 +136,7 @@ _SAMPLE_STATS = {"reward/mean": "rewards", "format_rate": "formatted", "truncate
 def problem_metrics(
     greedy: Sequence[ProblemResult] | None, sampled: Sequence[ProblemResult] | None, ks: Sequence[int] = ()
 ) -> dict[str, np.ndarray]:
-    """Per-problem value of every metric ([P] arrays, problems in order); a metric's value is the mean.
-    `greedy`: one greedy completion per problem (or None); `sampled`: n samples per problem (or None)."""
+    """Per-problem value of every metric ([P] arrays, in order) from the `greedy` and/or `sampled` pass."""
     table: dict[str, np.ndarray] = {}
 
     def means(results: Sequence[ProblemResult], attr: str) -> np.ndarray:
@@ -177,9 +165,6 @@ def problem_metrics(
     if greedy and sampled:
         table.update({f"sampled/{name}": means(sampled, attr) for name, attr in _SAMPLE_STATS.items()})
     return table
-
-
-# ---------------------------------------------------------------------------------------- bootstrap
 
 
 def _resample_weights(num: int, resamples: int, seed: int) -> np.ndarray:

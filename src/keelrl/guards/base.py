@@ -27,10 +27,8 @@ TRAIN_KEYS = ("loss/total", "loss/policy", "grad_norm", "reward/mean")
 
 @dataclass(frozen=True)
 class Finding:
-    """One diagnosis. `steps` is (first, last) step the evidence covers; `evidence` holds numbers only;
-    `action` is what the live trainer should do (the rule's configured action when critical, else "warn");
-    `samples` are quoted rollouts the doctor attaches; `ongoing` is set by `scan` when the finding still
-    holds at the last record."""
+    """One diagnosis. `steps`: (first, last) step of the evidence (numbers only); `action`: what the live
+    trainer should do; `samples`: rollouts the doctor quotes; `ongoing`: still holds at the last record."""
 
     name: str
     severity: Severity
@@ -61,8 +59,7 @@ def _json_number(v: float) -> float | str:
 
 
 def metric_value(record: Record, key: str) -> float | None:
-    """The record's value for `key` as a float; None when missing or not a number. The strings
-    "nan", "inf", "-inf" (how run_dir writes non-finite values) become the float they name."""
+    """The record's value for `key` as a float (run_dir's "nan", "inf", "-inf" too); None if not a number."""
     v = record.get(key)
     if isinstance(v, (int, float)):  # bools too
         return float(v)
@@ -85,15 +82,13 @@ def is_train_record(record: Record) -> bool:
 
 
 def tail(history: Sequence[Record], key: str, n: int, limit: int | None = None) -> list[tuple[int, float]]:
-    """The last `n` finite (step, value) pairs of `key`, oldest first, looking back at most `limit`
-    records (default 4n + 20, so a key that is never logged costs little)."""
+    """The last `n` finite (step, value) pairs of `key`, oldest first, within `limit` records (4n + 20)."""
     limit = 4 * n + 20 if limit is None else limit
     return _finite(history, key, n, range(len(history) - 1, max(-1, len(history) - 1 - limit), -1))[::-1]
 
 
 def head(history: Sequence[Record], key: str, n: int, limit: int | None = None) -> list[tuple[int, float]]:
-    """The first `n` finite (step, value) pairs of `key` (a run's starting level), looking at most
-    `limit` records in (default 4n + 20)."""
+    """The first `n` finite (step, value) pairs of `key` (a run's starting level); `limit` as in `tail`."""
     limit = 4 * n + 20 if limit is None else limit
     return _finite(history, key, n, range(min(len(history), limit)))
 
@@ -119,9 +114,8 @@ def span(pairs: Sequence[tuple[int, float]]) -> tuple[int, int]:
 
 
 def robust_z(value: float, window: Sequence[float]) -> float:
-    """(value - median) / (1.4826 * MAD) of `window`: a z-score that a few outliers in the window do not
-    inflate. 1.4826 makes the MAD estimate the standard deviation of normal data. A zero MAD (a constant
-    window) is floored at 1e-3 of the median so that exact repeats do not give infinite scores."""
+    """(value - median) / (1.4826 * MAD) of `window`: a z-score few outliers do not inflate (1.4826 makes
+    the MAD estimate a normal std). A zero MAD is floored at 1e-3 of the median (repeats stay finite)."""
     med = statistics.median(window)
     mad = statistics.median(abs(x - med) for x in window)
     scale = 1.4826 * max(mad, 1e-3 * abs(med), 1e-12)
@@ -143,8 +137,7 @@ ACTION_DOC = (
 
 
 class RuleThresholds(BaseModel):
-    """A rule's [guards.<name>] section: `enabled`, `action` (a rule that should act by default overrides
-    "warn"), then the rule's own thresholds."""
+    """A rule's [guards.<name>] section: `enabled`, `action` (default "warn"), then the rule's thresholds."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -176,8 +169,8 @@ def finding(
 def start_and_now(
     history: Sequence[Record], key: str, baseline_steps: int, window: int
 ) -> tuple[float, float, list[tuple[int, float]]] | None:
-    """(mean of the first `baseline_steps` values of `key`, mean of the last `window`, those last pairs);
-    None until both are full and the last window begins after the first ends."""
+    """(mean of the first `baseline_steps` values of `key`, of the last `window`, those pairs); None until
+    both are full and do not overlap."""
     base = head(history, key, baseline_steps)
     cur = tail(history, key, window)
     if len(base) < baseline_steps or len(cur) < window or cur[0][0] <= base[-1][0]:

@@ -1,17 +1,12 @@
-"""The rule engine: running the rules over a run's metric history, and acting on what they find.
+"""The rule engine: the trainer calls `check(history, cfg)` every step and acts on what it returns through a
+`Guardian`; `keelrl doctor` calls `scan(history, cfg)` on a run's metrics.jsonl for the same findings with
+the step ranges where they held.
 
-One implementation serves two readers: the trainer calls `check(history, cfg)` every step on the run's
-metric records so far and acts on what it returns (through a `Guardian`); `keelrl doctor` calls
-`scan(history, cfg)` on a finished or running run's metrics.jsonl to get the same findings with the step
-ranges where they held.
-
-Severity and action: a rule reports "info" (worth knowing, no action), "warning" (logged) or
-"critical". Only a critical finding carries the rule's configured `action` (warn / skip / rollback /
-stop); warnings and infos always carry "warn". After each step `Guardian.after_step` runs every rule ->
-warn / rollback / stop (a rule configured with "skip" only warns there: the update is already applied;
-the per-step checks in step.py did the skipping). Too many skips within guards.skip_window escalate to a
-rollback. Everything the guardian remembers is a JSON dict kept in TrainState.guards, so it survives
-restarts and rollbacks; the trainer decides what a skip or rollback means.
+Severity and action: a rule reports "info", "warning" (logged) or "critical"; only a critical finding
+carries the rule's configured `action`, the others carry "warn". After each step `Guardian.after_step`
+runs every rule -> warn / rollback / stop ("skip" only warns there: the update is already applied; step.py
+did the skipping). Too many skips within guards.skip_window escalate to a rollback. The guardian's memory
+is a JSON dict in TrainState.guards, so it survives restarts and rollbacks.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ MERGE_GAP = 5
 
 
 def check(history: Sequence[Record], cfg: GuardsConfig | None = None) -> list[Finding]:
-    """Live use, once per step: every enabled rule on the latest window of `history` (all metric records
-    of the run so far, in step order, the newest last). Most severe first."""
+    """Live use, once per step: every enabled rule on the latest window of `history`; most severe first."""
     cfg = cfg or GuardsConfig()
     found = [f for name, rule, t in _enabled(cfg) if (f := rule(history, t)) is not None]
     return sorted(found, key=lambda f: -SEVERITY_RANK[f.severity])
@@ -85,11 +79,10 @@ class _Open:
 
 
 def scan(history: Sequence[Record], cfg: GuardsConfig | None = None, max_points: int = 500) -> list[Finding]:
-    """Doctor use: replay the rules over a whole history and return one finding per stretch of steps where
-    a rule held (its `steps` cover the stretch; its evidence and message are from the worst point, the
-    latest among equals; `ongoing` when it still holds at the last record). Windowed rules are judged at
-    most `max_points` times (evenly spaced), pointwise ones at every record. A stretch of a TRANSIENT rule
-    that has ended is reported one severity lower (the run moved past it). Most severe first."""
+    """Doctor use: replay the rules over a whole history; one finding per stretch where a rule held (evidence
+    and message from its worst point, the latest among equals). Windowed rules are judged at most
+    `max_points` times (evenly spaced), pointwise ones at every record. An ended stretch of a TRANSIENT rule
+    is reported one severity lower. Most severe first."""
     cfg = cfg or GuardsConfig()
     records = list(history)
     n = len(records)
@@ -172,8 +165,8 @@ class Guardian:
 
     @property
     def healthy(self) -> bool:
-        """No finding that calls for a rollback or a stop holds: a checkpoint taken now is a valid rollback
-        target. (Warnings, and skips already applied, do not make a checkpoint unhealthy.)"""
+        """No rollback or stop is called for: a checkpoint now is a valid rollback target (warnings and
+        applied skips do not make it unhealthy)."""
         return not any(action in ("rollback", "stop") for _, action in self.state["active"].values())
 
     def can_roll_back(self) -> bool:

@@ -1,7 +1,7 @@
-"""Per-step checks: `check_update` judges one update before the optimizer applies it (a non-finite loss
-or gradient, a gradient-norm spike, an exactly-zero gradient while advantages are not, an importance ratio
-far outside the trust region) and returns the finding that says to skip it. The same rules as the
-windowed ones (rules/numerics.py), applied to the update about to happen instead of the history."""
+"""Per-step checks: `check_update` judges one update before the optimizer applies it (a non-finite loss or
+gradient, a gradient-norm spike, an exactly-zero gradient while advantages are not, an importance ratio far
+outside the trust region): the windowed rules of rules/numerics.py, applied to the update about to happen.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ def check_update(
     advantage_abs_mean: float,
     cfg: GuardsConfig,
 ) -> Finding | None:
-    """Judge one update before it is applied. Returns the finding that says to skip it, or None (always,
-    with guards off)."""
+    """The finding that says to skip this update, or None (always, with guards off)."""
     if not cfg.enabled:
         return None
     rec = {"step": step, "loss/total": loss, "grad_norm": grad_norm}

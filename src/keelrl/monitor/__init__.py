@@ -1,1 +1,1 @@
-"""Watching runs: the run directory, metric sinks, and (later) the doctor and report."""
+"""Watching runs: the run directory, metric sinks, trace statistics, the doctor and the report."""

@@ -1,11 +1,10 @@
 """`keelrl doctor RUN_DIR`: the first pass over a run that a person would otherwise do by reading curves.
 
-It reads what the run directory holds (any file may be missing; a metrics.jsonl alone is enough for the
-metric rules), replays the guards' rules over the whole history (`guards.engine.scan`: the same code the
-trainer runs live), adds what only hindsight and the stored traces can tell (a stalled or failed run,
-gibberish, format-only answers, self-verification phrases), and prints the findings most severe first
-with their step ranges, evidence, quoted rollouts and suggestions, or "healthy" with the headline numbers.
-
+It reads what the run directory holds (metrics.jsonl alone is enough for the metric rules; a torn last line
+of a running run is skipped), replays the guards' rules over the whole history (`guards.engine.scan`), adds
+what only hindsight and the traces tell (a stalled or failed run, gibberish, format-only answers,
+self-verification phrases), and prints the findings most severe first with step ranges, evidence, quoted
+rollouts and suggestions, or "healthy" with the headline numbers.
 Exit status: 0 healthy (info notes at most), 1 warnings, 2 critical findings or an unreadable run dir.
 Works on a run that is still going: every file is read as it is now (a torn last line is skipped).
 A status.json that says "running" is only as true as its writer is alive: a SIGKILLed supervisor cannot
@@ -46,9 +45,6 @@ EXIT_CODES = {"healthy": 0, "warning": 1, "critical": 2}
 
 class DoctorError(RuntimeError):
     """The run directory cannot be diagnosed (missing, or holding none of the run files)."""
-
-
-# ----------------------------------------------------------------------------------------- loading
 
 
 @dataclass
@@ -135,9 +131,6 @@ def guards_config(run: RunData) -> GuardsConfig:
             f"config.json [guards] not understood ({err.error_count()} errors); default thresholds used"
         )
         return GuardsConfig()
-
-
-# --------------------------------------------------------------------------------------- diagnosis
 
 
 @dataclass
@@ -295,9 +288,6 @@ def diagnose(run: RunData, cfg: GuardsConfig | None = None, now: float | None = 
     return Diagnosis(str(run.path), verdict, findings, headline(run, now), traces, notes)
 
 
-# ------------------------------------------------------------------------------------------ output
-
-
 def _fmt(x: Any, spec: str = ".3f") -> str:
     if x is None:
         return "-"
@@ -373,8 +363,7 @@ def format_text(d: Diagnosis) -> str:
 
 
 def run_doctor(run_dir: str | Path, as_json: bool = False) -> int:
-    """CLI entry: diagnose `run_dir`, print text (or JSON with --json), return the exit status
-    (0 healthy, 1 warnings, 2 critical findings or an unreadable run dir)."""
+    """CLI entry: diagnose `run_dir`, print text (or JSON), return the exit status (module docstring)."""
     try:
         run = load_run(run_dir)
     except DoctorError as err:

@@ -1,12 +1,9 @@
 """`keelrl report RUN_DIR [-o report.html] [--compare RUN2 ...]`: one self-contained HTML page per run.
 
-The page opens offline with no server: plots are inline SVG drawn here in Python (no plotting library, no
-JavaScript, no network), styles are inline. At the top, the doctor's findings; then plots of the shared
-metric names (DESIGN.md) with restarts, resumes, rollbacks, skipped steps and faults marked as vertical
-lines at their step; then a table of sampled rollouts by step. With --compare, every plot overlays the runs
-(one colour per run) and each run gets its own findings and headline.
-
-Every string that comes from a run (rollout text, paths, messages) is HTML-escaped.
+It opens offline: inline SVG plots drawn here (no plotting library, no JavaScript), inline styles. At the
+top, the doctor's findings; then plots of the shared metric names (DESIGN.md) with restarts, resumes,
+rollbacks, skips and faults marked at their step; then sampled rollouts by step. With --compare every plot
+overlays the runs, each with its own findings and headline. Every string from a run is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Learning rate", ("lr",), "lr"),
 )
 
-# Metric families whose keys depend on the run (title, key prefix, key suffix, y-axis label): drawn after
-# PLOTS, one series per key, only when a run logged them.
+# Run-dependent metric families (title, key prefix, key suffix, y-axis label): after PLOTS, a series per key.
 FAMILY_PLOTS: tuple[tuple[str, str, str, str], ...] = (
     ("Curriculum: estimated pass rate per bucket", "curriculum/pass_rate/", "", "pass rate (posterior mean)"),
     ("Curriculum: sampling weight per bucket", "curriculum/weight/", "", "share of prompts"),
@@ -126,8 +122,7 @@ def svg_plot(
     width: int = 470,
     height: int = 250,
 ) -> str:
-    """An inline SVG line plot. `markers` are (step, kind, tooltip) vertical lines (events). Non-finite
-    values break the line and are drawn as red crosses at the top edge."""
+    """An inline SVG line plot with (step, kind, tooltip) `markers`; non-finite values: red top crosses."""
     left, right, top, bottom = 62, 12, 28, 40
     pw = width - left - right
     legend, rows = _legend_layout(series, pw)
@@ -470,8 +465,7 @@ def _run_name(p: Path, all_paths: Sequence[str | Path]) -> str:
 
 
 def run_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
-    """CLI entry: write the report of `run_dirs` (first = main run, others overlaid) to `out`
-    (default RUN_DIR/report.html) and return its path."""
+    """CLI entry: write the report of `run_dirs` (others overlaid on the first) to `out`; returns its path."""
     text = render_report(run_dirs)
     path = Path(out) if out else Path(run_dirs[0]) / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -109,7 +109,6 @@ class RunDir:
             except OSError as err:
                 raise _unusable(self.path, err) from None
 
-    # paths ---------------------------------------------------------------------------------------
     @property
     def config_file(self) -> Path:
         return self.path / "config.json"
@@ -142,7 +141,6 @@ class RunDir:
     def final_dir(self) -> Path:
         return self.path / "final"
 
-    # writers -------------------------------------------------------------------------------------
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         if not self.writer:
             return

@@ -1,8 +1,6 @@
-"""Where per-step metrics go besides metrics.jsonl: the console, TensorBoard, Weights & Biases; and the one
-progress bar layout (`make_progress`) that training, eval and the demo all show.
-
-Resumed runs continue the same curves: TensorBoard purges events after the restored step, and W&B
-resumes the run id stored in the run directory.
+"""Where per-step metrics go besides metrics.jsonl (the console, TensorBoard, Weights & Biases), and the one
+progress bar layout (`make_progress`) that training, eval and the demo show. Resumed runs continue the same
+curves: TensorBoard purges events after the restored step, W&B resumes the run id stored in the run dir.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ def format_metrics(metrics: dict[str, Any]) -> str:
 
 
 def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
-    """A rich Console; when it is not a terminal (a pipe, a log file, the supervisor's log) it is at least 120
-    columns wide, where rich would wrap every line at 80."""
+    """A rich Console, at least 120 columns wide off a terminal (where rich would wrap every line at 80)."""
     console = Console(stderr=stderr, highlight=highlight)
     if not console.is_terminal:
         console.width = max(console.width, 120)
@@ -69,9 +66,8 @@ def make_progress(console: Console, transient: bool = False) -> Progress:
 
 
 class ProgressBar:
-    """`with ProgressBar(console, label, total) as advance:` then `advance(k, info)` for every k units done. A
-    progress bar on a terminal; elsewhere (logs, CI) a plain line every tenth of the way. A transient bar leaves
-    nothing behind: it vanishes when done, and off a terminal it prints nothing."""
+    """`with ProgressBar(console, label, total) as advance:` then `advance(k, info)` per k units done: a bar
+    on a terminal, else a line every tenth of the way (a transient one vanishes when done, prints nothing)."""
 
     def __init__(
         self, console: Console, label: str, total: int, info: str = "", transient: bool = False

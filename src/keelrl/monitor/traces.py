@@ -46,8 +46,7 @@ _STRIP = "()[]{}<>.,;:!?\"'`*"
 
 
 def repetition_rate(tokens: Sequence[int], n: int = REPETITION_N) -> float:
-    """Share of the completion's n-grams that repeat an earlier n-gram (0 = none repeat). Sequences with
-    fewer than 2n tokens count as 0: too short to call repetitive."""
+    """Share of n-grams that repeat an earlier one; fewer than 2n tokens count as 0 (too short to tell)."""
     if len(tokens) < 2 * n:
         return 0.0
     grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
@@ -81,8 +80,7 @@ def is_gibberish(text: str) -> bool:
 
 
 def text_repetition(text: str) -> float:
-    """repetition_rate over words (a word is a unit when the text has enough of them), else over
-    characters with 2n-grams, so that character-level loops such as '2222...' also count."""
+    """repetition_rate over words when there are enough, else over characters with 2n-grams ('2222...')."""
     words = text.split()
     if len(words) >= 2 * REPETITION_N:
         units, n = words, REPETITION_N
@@ -298,8 +296,7 @@ def trace_findings(traces: dict[str, Any], rollouts: Sequence[dict[str, Any]]) -
     return out
 
 
-# Per rule, the stored rollouts of its steps that show what it found (the last two are quoted); rules not
-# listed get no quotes.
+# Per rule, the stored rollouts that show what it found (the last two are quoted); others get no quotes.
 SAMPLE_PICKS: dict[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]]] = {
     "repetition": lambda rs: [r for r in rs if text_repetition(_text(r)) > REPETITION_THRESHOLD],
     "truncation_surge": lambda rs: [r for r in rs if r.get("finish_reason") == "length"],

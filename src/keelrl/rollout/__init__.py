@@ -1,16 +1,10 @@
-"""Sampling: the `Sampler` protocol and its engines, and the one place that builds them.
+"""Sampling: the `Sampler` protocol (types.py) and its engines (hf.py: `HFSampler`, in process; ray.py:
+`SamplerPool` and the reward `ScorerPool`), prompts.py (`render_prompt`), weights.py (a policy's weights as
+named tensors), and `make_sampler`, how everything outside this package gets a sampler.
 
-- types.py: `Rollout`, `Generation`, `SamplingSettings`, the `Sampler` protocol.
-- prompts.py: `render_prompt`, `resolve_template`.
-- hf.py: `HFSampler`, keelrl's batched KV-cache sampler over a transformers model (in process).
-- ray.py: Ray actor pools, `SamplerPool` (a `Sampler`) and `ScorerPool` (rewards).
-- weights.py: a policy's weights as named tensors, and loading them into another model.
-
-`SAMPLERS` maps `distributed.sampler` to a factory `(cfg, model, tokenizer, on_progress) -> Sampler`;
-`make_sampler` is how everything outside this package gets a sampler. A factory imports its engine when it
-is called, and this module does not import hf.py (tests that want the engine itself import
-`keelrl.rollout.hf`): a Ray scoring actor imports `keelrl.rollout.ray` and must not pay for torch and
-transformers.
+`SAMPLERS` maps `distributed.sampler` to a factory `(cfg, model, tokenizer, on_progress) -> Sampler`. A
+factory imports its engine when called, and this module does not import hf.py: a Ray scoring actor imports
+`keelrl.rollout.ray` and must not pay for torch and transformers.
 """
 
 from __future__ import annotations
@@ -72,9 +66,8 @@ SAMPLERS: dict[str, Callable[..., Sampler]] = {"local": _local, "ray": _ray}
 def make_sampler(
     cfg: Config | None, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress = None
 ) -> Sampler:
-    """The sampler `cfg.distributed.sampler` names, set up from `cfg` (None, for evals outside a run: the
-    in-process sampler with its defaults). It holds no weights of its own until `update_weights`, except
-    the in-process one, which samples `model`. `on_progress` is called as sampling moves (a heartbeat)."""
+    """The sampler `cfg.distributed.sampler` names (`cfg` None: in-process, defaults). It has no weights
+    until `update_weights`, except the in-process one, which samples `model`. `on_progress`: a heartbeat."""
     return SAMPLERS[cfg.distributed.sampler if cfg is not None else "local"](
         cfg, model, tokenizer, on_progress
     )

@@ -1,14 +1,10 @@
-"""The one path from problems to scored rollouts, used by training and evaluation alike.
+"""The one path from problems to scored rollouts, used by training (collect.py draws the problems and seeds)
+and evaluation (evaluate/run.py) alike, so what an eval measures is what training samples.
 
-An `Episode` names what to sample: a problem (with its index and group) and the seed of the row's
-randomness. `generate` renders each problem's prompt (cached per problem), asks the sampler for one
-completion per episode and returns `Rollout`s that carry the sampled tokens and their log-probs;
-`score` runs the task's checker over them (a checker that raises scores that sample 0 and its error is
-returned, so one bad sample never ends a run or an eval). `run_episodes` does both in batches, for
-callers that do not time the two apart.
-
-Training draws its problems and seeds in `collect.py`; `keelrl eval` and the trainer's periodic eval
-in `evaluate/run.py`. Both get rollouts from here, so what an eval measures is what training samples.
+An `Episode` names what to sample: a problem (with its index and group) and its row's seed. `generate`
+samples one completion per episode, `score` runs the task's checker over the rollouts (a checker that raises
+scores that sample 0 and its error is returned, so one bad sample never ends a run or an eval), and
+`run_episodes` does both in batches.
 """
 
 from __future__ import annotations
@@ -80,8 +76,7 @@ def generate(
 
 
 def score(task: Task, rollouts: Sequence[Rollout], score_fn: ScoreFn | None = None) -> list[str]:
-    """Score each rollout's assistant prefix + completion text in place (reward, correct, info); returns
-    the checker errors (those samples scored 0 with info reason `score_error`)."""
+    """Score each rollout's assistant prefix + completion in place; returns the checker errors (scored 0)."""
     problems = [r.problem for r in rollouts]
     texts = [r.prefix + r.text for r in rollouts]
     scores, errors = (score_fn or (lambda p, t: score_safely(task, p, t)))(problems, texts)
@@ -98,8 +93,7 @@ def run_episodes(
     batch_size: int = 0,
     on_batch: Callable[[list[Rollout]], None] | None = None,
 ) -> list[Rollout]:
-    """`generate` then `score`, `batch_size` episodes at a time (0: all at once); `on_batch` sees each
-    scored batch (progress bars)."""
+    """`generate` then `score`, `batch_size` episodes at a time (0: all); `on_batch` sees each batch."""
     size = batch_size or max(len(episodes), 1)
     out: list[Rollout] = []
     for start in range(0, len(episodes), size):

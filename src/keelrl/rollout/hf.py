@@ -45,10 +45,8 @@ def row_uniforms(seeds: list[int], n: int) -> torch.Tensor:
 def sample_from_logits(
     logits: torch.Tensor, settings: SamplingSettings, uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, V] (float32), uniforms [B] -> (tokens [B], log-probs [B]) by inverse-CDF sampling.
-
-    The log-prob is under log_softmax(logits / T) over the full vocabulary (what the trainer computes);
-    top-k/top-p only restrict the support that is sampled from."""
+    """logits [B, V] (float32), uniforms [B] -> (tokens [B], log-probs [B]) by inverse-CDF sampling, the
+    log-probs under the full log_softmax(logits / T) (see the module docstring)."""
     if settings.temperature == 0.0:
         tokens = logits.argmax(dim=-1)  # [B]
         logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
@@ -82,20 +80,16 @@ def _truncate(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 
 
 def generation_chunks(prompts: list[list[int]], chunk_size: int) -> list[list[int]]:
-    """The batches `HFSampler` generates `prompts` in, as lists of row indices: rows sorted by (length,
-    prompt), so similar lengths go together (less padding) and identical prompts are adjacent (a group
-    shares its prefill), cut every `chunk_size` rows (0: one batch). A row's floats depend on which rows
-    share its batch, so a sampler that must match this one bit for bit generates these same batches."""
+    """The batches `HFSampler` generates `prompts` in (row indices): sorted by (length, prompt), so lengths
+    go together and a group shares its prefill, cut every `chunk_size` rows (0: one batch). A row's floats
+    depend on its batch, so a sampler that must match this one bit for bit generates these same batches."""
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), prompts[i]))
     size = chunk_size or max(1, len(order))
     return [order[start : start + size] for start in range(0, len(order), size)]
 
 
 class HFSampler:
-    """Batched sampling with a KV cache over a transformers causal LM.
-
-    How a chunk is generated (the per-token loop is where CPU time goes, so it does little besides the
-    model call):
+    """Batched sampling with a KV cache. The per-token loop (the CPU time) does little but the model call:
     - Each distinct prompt is prefilled once (`share_prefix`): a group's G completions of one prompt copy
       its keys/values instead of recomputing them, which removes (G - 1) / G of the prefill.
     - Prompts are left-padded with explicit position ids; the keys/values live in a preallocated cache
@@ -103,8 +97,7 @@ class HFSampler:
     - Sampled tokens and log-probs are written into preallocated [B, N] tensors; nothing is converted to
       Python lists until the chunk is done.
     - Finished rows are dropped from the batch (cache rows included) once they are a quarter of it, so
-      copying the cache is amortised over several finished rows instead of paid at every EOS.
-    """
+      copying the cache is amortised over several finished rows instead of paid at every EOS."""
 
     def __init__(
         self,
@@ -177,8 +170,7 @@ class HFSampler:
             prompt_mask[i, P - len(p) :] = 1
         input_ids, prompt_mask = input_ids.to(device), prompt_mask.to(device)
         positions = (prompt_mask.cumsum(-1) - 1).clamp_min(0)  # [U, P]
-        # The mask covers the whole cache from the start: completion slots are 1, and causality hides the
-        # ones not yet written.
+        # The mask covers the whole cache: completion slots are 1; causality hides those not yet written.
         attn = torch.cat([prompt_mask, prompt_mask.new_ones((U, N))], dim=1)  # [U, P + N]
         # under bf16 autocast the attention reads the cached keys/values as bf16 anyway: store them so
         cache = _new_cache(model, P + N, torch.bfloat16 if self.autocast == "bf16" else None)
@@ -246,13 +238,11 @@ class HFSampler:
 
 
 class CastingStaticCache(StaticCache):
-    """A `StaticCache` that stores keys and values in `kv_dtype`.
-
-    Under bf16 autocast the attention's matmuls (and SDPA) cast the cached keys and values to bf16 when they
-    read them, so storing them in bf16 changes no result (eager: the same tokens and log-probs, tested) while
-    the decode steps read half the bytes. Without it the keys are cached in fp32, because the rotary embedding
-    multiplies the bf16 projections by fp32 cos/sin. One layer's decode attention at the sampler's tiny shape:
-    1.0 ms with bf16 keys against 1.7 ms with fp32 ones (docs/decode_attention.json)."""
+    """A `StaticCache` that stores keys and values in `kv_dtype`. Under bf16 autocast the attention's matmuls
+    (and SDPA) read the cached keys and values as bf16 anyway, so storing them in bf16 changes no result
+    (eager: the same tokens and log-probs, tested) while decode steps read half the bytes; without it the keys
+    are fp32 (the rotary embedding multiplies bf16 projections by fp32 cos/sin). One layer's decode attention
+    at the sampler's shape: 1.0 ms with bf16 keys, 1.7 ms with fp32 (docs/decode_attention.json)."""
 
     def __init__(self, *args: Any, kv_dtype: torch.dtype, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -267,9 +257,8 @@ class CastingStaticCache(StaticCache):
 
 
 def _new_cache(model: PreTrainedModel, max_len: int, kv_dtype: torch.dtype | None = None) -> Any:
-    """A preallocated KV cache of `max_len` positions (written in place), or None (the model makes its own
-    growing cache) for models whose cache is not a plain full-attention one. `kv_dtype` (only where the
-    attention runs under autocast to that dtype): keys and values are stored in it (`CastingStaticCache`)."""
+    """A preallocated KV cache of `max_len` positions, or None (the model grows its own) for models whose
+    cache is not plain full attention. `kv_dtype`: store keys/values in it (only under autocast to it)."""
     if not supports_prefix_sharing(model):
         return None
     try:

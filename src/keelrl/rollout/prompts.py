@@ -11,9 +11,8 @@ if TYPE_CHECKING:
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, template: Template) -> list[int]:
-    """Prompt -> token ids. 'chat' applies the tokenizer's chat template (system + user turn, generation
-    prompt) and appends the assistant prefix; 'base' writes TinyZero's plain conversation; 'compact' is
-    `user + newline + assistant_prefix` for tiny character-level models."""
+    """Prompt -> token ids. 'chat': the tokenizer's chat template, then the assistant prefix; 'base':
+    TinyZero's plain conversation; 'compact': `user + newline + assistant_prefix` (tiny character models)."""
     if template == "chat":
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(

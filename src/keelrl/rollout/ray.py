@@ -1,38 +1,25 @@
 """Reward scoring (`distributed.scorer = "ray"`) and generation (`distributed.sampler = "ray"`) on pools of
 Ray actors, so a cluster's CPUs score and sample while the accelerators train.
 
-`ActorPool` is the one piece both use: it starts a light local Ray (or joins a cluster by address; see
-`start_ray`), starts `size` actors of one class, and `run(method, chunks)` keeps every actor busy with up to
-two chunks and returns the results in chunk order.
-
-- `ScorerPool`: each actor builds its own copy of the task from a picklable recipe (setup.py passes
-  `functools.partial(get_task, name, seed=..., **params)`), so only plain data crosses the process boundary.
-  `pool.score(problems, completions)` splits the pairs into chunks of consecutive samples.
-- `SamplerPool` (a `Sampler`, a drop-in for `HFSampler`): each actor builds the policy from the run's
-  `ModelConfig` and an `HFSampler` over it with the run's share_prefix / autocast / compile settings, on CPU
-  with `threads` torch threads. `update_weights` puts the policy's named tensors (on CPU) into the object
-  store once per new version and every actor loads them (and re-ties). `generate` cuts the rows into
-  the batches the in-process sampler would generate (`generation_chunks`: sorted by prompt, so a group's
-  identical prompts stay together and share their prefill; cut every `rollout.chunk_size` rows) and sends
-  each batch, with its rows' seeds, to an actor, which generates it as one batch. With
-  `rollout.chunk_size = 0` (one batch in process) the sorted rows are cut into one batch per actor, at group
-  boundaries (`group_chunks`).
+`ActorPool`, the piece both use, starts (or joins: `start_ray`) Ray and `size` actors of one class;
+`run(method, chunks)` keeps each actor busy with up to two chunks and returns results in chunk order.
+- `ScorerPool`: each actor builds its own task from a picklable recipe (setup.py passes
+  `functools.partial(get_task, ...)`), so only plain data crosses processes; chunks are consecutive samples.
+- `SamplerPool` (a `Sampler`, a drop-in for `HFSampler`): each actor builds the policy and an `HFSampler`
+  with the run's settings, on CPU with `threads` torch threads. `update_weights` puts the named tensors into
+  the object store once per version. `generate` sends each actor the batches the in-process sampler would
+  generate (`generation_chunks`), or with `rollout.chunk_size = 0` one batch per actor (`group_chunks`).
 
 Guarantees:
-- Results equal in-process ones. Scoring: an actor scores a chunk with `score_safely`, the function the
-  trainer's local path calls (a checker that raises scores 0 with reason `score_error`). Sampling: with
-  `rollout.chunk_size > 0` every batch is the in-process sampler's, so tokens and log-probs are bit-identical;
-  with 0, tokens are identical (row i's randomness comes from `seeds[i]` alone) but a log-prob may differ in
-  its last bits from the single in-process batch (float sums depend on the batch's shape).
-- No sample is lost or used twice: a chunk whose actor died (killed, out of memory, node lost) is re-queued
-  to a fresh replacement actor, at most `max_retries` times per chunk, then `RayPoolError`. Each chunk's
-  result is written exactly once (asserted). A re-queued chunk is redone from its start: a score is a pure
-  function of problem and completion, and a generation of its prompt, weights and seed, so the redo gives
-  the same result. A replacement sampling actor loads the latest weights before any chunk (Ray runs one
-  caller's calls to an actor in order), and every chunk names the weights version it must be generated
-  with, which the actor checks.
-- Only actor death is retried. Any other failure (a task or model that cannot be built, a bug) fails the
-  call with the actor's error.
+- Results equal in-process ones. Scoring uses `score_safely`, the trainer's local path. Sampling with
+  `rollout.chunk_size > 0` is bit-identical; with 0, tokens are identical (row i's randomness comes from
+  `seeds[i]` alone) but a log-prob may differ in its last bits (float sums depend on the batch's shape).
+- No sample is lost or used twice: a chunk whose actor died (killed, out of memory, node lost) is redone
+  from its start on a fresh actor, at most `max_retries` times, then `RayPoolError`; each result is written
+  once (asserted). Scores and generations are pure functions of their inputs (prompt, weights, seed), so a
+  redo gives the same result. A replacement sampling actor loads the latest weights before any chunk (Ray
+  runs one caller's calls in order), and every chunk names the weights version the actor must hold.
+- Only actor death is retried; any other failure fails the call with the actor's error.
 """
 
 from __future__ import annotations
@@ -73,8 +60,7 @@ class RayPoolError(RuntimeError):
 
 
 def import_ray(setting: str = "distributed.scorer") -> Any:
-    """The `ray` module, or a ConfigError (a user error: one paragraph, exit 2) saying how to install it;
-    `setting` is the config key that asked for Ray."""
+    """The `ray` module, or a ConfigError saying how to install it (`setting`: the key that asked for Ray)."""
     try:
         import ray
     except ImportError:
@@ -85,10 +71,9 @@ def import_ray(setting: str = "distributed.scorer") -> Any:
 
 
 def start_ray(address: str, cpus: int) -> bool:
-    """Join the cluster at `address`, or (empty) start a local Ray with `cpus` logical CPUs, unless this
-    process runs Ray already. True when the caller now shares a Ray that keelrl started and must call
-    `stop_ray` when done; False for a Ray someone else started (a script, a test), which keelrl never stops.
-    Pools that share one process share its Ray: the first to start sizes it for all of them."""
+    """Join the cluster at `address`, or (empty) start a local Ray with `cpus` CPUs, unless this process runs
+    Ray already. True when the caller shares a Ray keelrl started and must call `stop_ray`; False for a Ray
+    someone else started, which keelrl never stops. The first pool to start sizes it for all of them."""
     global _pools_on_own_ray
     ray = import_ray()
     if not ray.is_initialized():
@@ -124,11 +109,9 @@ def lost_actor_errors(ray: Any) -> tuple[type[BaseException], ...]:
 
 
 class ActorPool:
-    """`size` Ray actors of `actor_cls(*args)`, each reserving `actor_cpus` CPUs, and the dispatch loop that
-    runs chunks of work on them (see the module docstring). The class needs a `pid()` method (a start-up
-    check). `prepare(actor)`, if given, is called on every replacement actor before it gets work, to bring it
-    to the state the others are in (it submits calls; Ray runs them before the chunks submitted after).
-    `on_progress`, if given, is called whenever a chunk finishes (the trainer's heartbeat sees the call move)."""
+    """`size` Ray actors of `actor_cls(*args)` (which needs a `pid()` method), each reserving `actor_cpus`
+    CPUs, and the loop that runs chunks on them. `prepare(actor)` brings a replacement actor to the others'
+    state before it gets work (Ray runs its calls first); `on_progress` is called as chunks finish."""
 
     def __init__(
         self,
@@ -146,9 +129,8 @@ class ActorPool:
         prepare: Callable[[Any], None] | None = None,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
-        """`role` ("scoring", "sampling") and `size_setting` (the config key of `size`) name the pool in
-        errors, `start_hint` says what to check when the actors cannot start; `ray_cpus` are the CPUs of a
-        local Ray this pool starts (0: enough for its own actors)."""
+        """`role` and `size_setting` (the config key of `size`) name the pool in errors, `start_hint` says
+        what to check when actors cannot start; `ray_cpus`: a local Ray's CPUs (0: enough for these)."""
         ray = import_ray()
         self.role, self.max_retries, self.prepare = role, max_retries, prepare
         self.on_progress = on_progress if on_progress is not None else lambda: None
@@ -193,8 +175,7 @@ class ActorPool:
         return n
 
     def run(self, method: str, chunks: Sequence[tuple[Any, ...]], labels: Sequence[str]) -> list[Any]:
-        """`actor.<method>(*chunks[i])` for every chunk, spread over the actors: the results in chunk order.
-        `labels[i]` names chunk i's data in errors."""
+        """`actor.<method>(*chunks[i])` per chunk, results in chunk order; `labels[i]` names it in errors."""
         ray = import_ray()
         lost_actor = lost_actor_errors(ray)
         results: list[Any] = [None] * len(chunks)
@@ -235,8 +216,8 @@ class ActorPool:
         return results
 
     def call_all(self, method: str, *args: Any) -> None:
-        """`actor.<method>(*args)` on every actor, waiting for all, replacing those that died. A replacement gets `prepare`, not this call, so `prepare` must already bring it to the state
-        this call sets (update what `prepare` reads first)."""
+        """`actor.<method>(*args)` on every actor, replacing those that died. A replacement gets `prepare`,
+        not this call, so update what `prepare` reads first."""
         ray = import_ray()
         lost_actor = lost_actor_errors(ray)
         refs = [
@@ -250,7 +231,7 @@ class ActorPool:
                     self._replace(slot)
 
     def shutdown(self) -> None:
-        """Stop the actors, and Ray itself when the last pool on keelrl's own Ray stops."""
+        """Stop the actors (and keelrl's own Ray when no other pool uses it)."""
         ray = import_ray()
         if ray.is_initialized():
             for actor in self.handles:
@@ -259,9 +240,6 @@ class ActorPool:
         if self.owns_ray:
             self.owns_ray = False
             stop_ray()
-
-
-# ------------------------------------------------------------------------------------------------- scoring
 
 
 class ScoringWorker:
@@ -290,9 +268,7 @@ class ScorerPool:
         ray_cpus: int = 0,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
-        """`make_task` (a picklable recipe) runs inside each actor; `address` empty starts a local Ray with
-        `ray_cpus` CPUs (0: `workers`) unless this process already runs one; `chunk_size` 0 picks one per call;
-        `on_progress` is `ActorPool`'s."""
+        """`make_task`: a picklable recipe each actor runs; `ray_cpus` 0: `workers`; `chunk_size` 0: auto."""
         self.chunk_size = chunk_size
         self.actors = ActorPool(
             ScoringWorker,
@@ -309,9 +285,7 @@ class ScorerPool:
         )
 
     def score(self, problems: list[dict[str, Any]], completions: list[str]) -> tuple[list[Score], list[str]]:
-        """(scores, checker errors) of `completions[i]` against `problems[i]` on the actors, identical to
-        `score_safely` in this process. Replaces actors that die and re-queues their chunks (see the module
-        docstring)."""
+        """(scores, checker errors) of `completions[i]` against `problems[i]`, as `score_safely` here."""
         n = len(problems)
         size = self.chunk_size or max(1, math.ceil(n / (self.actors.size * CHUNKS_PER_WORKER)))
         spans = [(start, min(start + size, n)) for start in range(0, n, size)]
@@ -329,16 +303,12 @@ class ScorerPool:
         return scores, errors
 
     def shutdown(self) -> None:
-        """Stop the actors, and Ray itself when this pool started it (and no other pool uses it)."""
+        """Stop the actors (and keelrl's own Ray when no other pool uses it)."""
         self.actors.shutdown()
 
 
-# ------------------------------------------------------------------------------------------------ sampling
-
-
 def group_chunks(prompts: list[list[int]], order: list[int], parts: int) -> list[list[int]]:
-    """Cut `order` (row indices, identical prompts adjacent) into about `parts` runs of similar size, never
-    between two rows with the same prompt (a group stays together and shares its prefill)."""
+    """Cut `order` (identical prompts adjacent) into about `parts` similar runs, never inside a group."""
     target = max(1, math.ceil(len(order) / max(1, parts)))
     chunks: list[list[int]] = []
     for row in order:
@@ -350,8 +320,7 @@ def group_chunks(prompts: list[list[int]], order: list[int], parts: int) -> list
 
 
 class SamplingWorker:
-    """One Ray actor: builds the policy and an `HFSampler` once, loads the weights it is sent, and generates
-    chunks with the weights version each chunk names."""
+    """One Ray actor: an `HFSampler` over its own policy, generating with the weights version chunks name."""
 
     def __init__(
         self, model: ModelConfig, share_prefix: bool, autocast: Autocast, threads: int, compile: bool = False
@@ -414,13 +383,9 @@ class SamplerPool:
         worker: type[SamplingWorker] = SamplingWorker,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
-        """`model` is built inside each actor (with `load_policy`; a local path is made absolute here);
-        `chunk_size` (rows per batch; 0: one batch per actor), `share_prefix` and `autocast` are the
-        in-process `HFSampler`'s, and `compile` (train.compile) compiles each actor's decoder; each actor runs
-        `threads` torch threads and reserves as many CPUs. `address` empty starts a local Ray with `ray_cpus`
-        CPUs (0: `workers * threads`) unless this process already runs one. `worker` is the actor class (a
-        subclass changes how an actor generates; the tests' kills one); `on_progress` is `ActorPool`'s. No
-        weights until `update_weights`."""
+        """`model` is built in each actor (a local path made absolute); `chunk_size` (0: one batch per actor),
+        `share_prefix`, `autocast`, `compile` are `HFSampler`'s; each actor runs and reserves `threads` CPUs;
+        `ray_cpus` 0: `workers * threads`; `worker`: the actor class. No weights until `update_weights`."""
         path = Path(model.path).expanduser()
         if model.path not in ("tiny", "smollm2") and path.exists():
             model = model.model_copy(update={"path": str(path.resolve())})
@@ -452,8 +417,7 @@ class SamplerPool:
             actor.load_weights.remote(self._weights, self._version)
 
     def update_weights(self, weights: NamedTensors, version: int) -> None:
-        """Send the named tensors to every actor, unless they already hold `version` (the trainer bumps the
-        version with every update and restores it with the weights on rollback or resume)."""
+        """Send the named tensors to every actor, unless they hold `version` (kept on rollback/resume)."""
         if version == self._version:
             return
         ray = import_ray()
@@ -494,5 +458,5 @@ class SamplerPool:
         return out  # type: ignore[return-value]
 
     def shutdown(self) -> None:
-        """Stop the actors, and Ray itself when this pool started it (and no other pool uses it)."""
+        """Stop the actors (and keelrl's own Ray when no other pool uses it)."""
         self.actors.shutdown()

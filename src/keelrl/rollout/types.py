@@ -1,10 +1,9 @@
 """What sampling produces, and the protocol every sampler (engine) implements.
 
-A `Rollout` is one sampled completion with everything training needs: the prompt and completion token
-ids (tokens stay tokens end to end; text is decoded only for scoring and display), the sampler's
-log-prob of each completion token, which completion tokens are trainable (all of them for single-turn
-tasks; an environment's inserted tokens would be 0), why generation stopped, the policy version that
-sampled it and the sampling settings its log-probs were computed under.
+A `Rollout` is one sampled completion with everything training needs: prompt and completion token ids
+(tokens stay tokens end to end; text is decoded only for scoring and display), the sampler's log-prob of
+each completion token, which tokens are trainable (all for single-turn tasks), why generation stopped, and
+the policy version and sampling settings its log-probs were computed under.
 """
 
 from __future__ import annotations

@@ -43,8 +43,7 @@ def load_untied(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> 
 
 
 def owns(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> bool:
-    """True when `weights` are all of `model`'s own tensors (same names, same storage), so loading them would
-    copy nothing: the in-process sampler given the very policy it samples from."""
+    """True when `weights` are `model`'s own tensors (names and storage): loading them would copy nothing."""
     own = model.state_dict()
     return untied_state_dict(model).keys() <= weights.keys() and all(
         name in own and own[name].data_ptr() == t.data_ptr() and own[name].device == t.device

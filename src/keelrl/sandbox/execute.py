@@ -78,8 +78,6 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------------------------------- run
-
     def run(
         self,
         code: str,
@@ -190,8 +188,7 @@ class Sandbox:
         lim: SandboxLimits,
         res_cap: int,
     ) -> tuple[bytes, bytes, bytes, str | None]:
-        """Feed the job, collect stdout/stderr heads and the result pipe until all close, the deadline
-        passes ("timeout") or the output cap is hit ("output_limit")."""
+        """Feed the job; read stdout/stderr heads and the pipe until closed, "timeout" or "output_limit"."""
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         heads = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
         caps = {"out": lim.excerpt_chars * 4, "err": lim.excerpt_chars * 4, "res": res_cap}

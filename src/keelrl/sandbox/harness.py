@@ -8,17 +8,16 @@ trusted beyond "this is what the code gave": C holds no expected output and deci
 (judge.py) compares, in the trainer's process. Tests import this module to call its functions
 in-process; importing it runs nothing.
 
-Process layout and cleanup. H reads the job from stdin, sets up mounts and the work directory, and forks
-C, which sets the limits, drops to the slot's uid, and runs the solution and the tests. When C exits, H
-kills everything C left behind (inside a PID namespace: `kill(-1)`; at the rlimit level: `kill(-1)` from
-a helper that first switches to the slot's uid, or, without root, a scan of the children H collected as
-a child subreaper) and reaps it. If the parent has to stop a run (wall clock, output cap), it SIGKILLs
-the launcher's children and process group and waits on their pidfds; a dying PID-namespace init takes
-its whole namespace with it. Either way, no process the code started is alive when `run` returns (the
-tests check this for forks, busy children, `setsid` daemons). If the trainer itself is killed mid-run,
-bwrap (`--die-with-parent`) and unshare (started under `setpriv --pdeathsig KILL`, with `--kill-child`)
-take the namespace down; at the rlimit level H and C die with their parents (PR_SET_PDEATHSIG), and a
-grandchild that survives is killed (and the work directory removed) when the slot's uid is next leased.
+Process layout and cleanup. H sets up mounts and the work directory and forks C, which sets the limits,
+drops to the slot's uid and runs the solution and the tests. When C exits, H kills everything C left behind
+(in a PID namespace: `kill(-1)`; at the rlimit level: `kill(-1)` from a helper running as the slot's uid,
+or, without root, a scan of the children H collected as a child subreaper) and reaps it. If the parent
+stops a run (wall clock, output cap), it SIGKILLs the launcher's children and process group and waits on
+their pidfds; a dying PID-namespace init takes its namespace with it. Either way no process the code
+started is alive when `run` returns (tested for forks, busy children, `setsid` daemons). If the trainer is
+killed mid-run, bwrap (`--die-with-parent`) and unshare (`setpriv --pdeathsig KILL`, `--kill-child`) take
+the namespace down; at the rlimit level H and C die with their parents (PR_SET_PDEATHSIG), and a surviving
+grandchild is killed (and the work directory removed) when the slot's uid is next leased.
 """
 
 # printf-style `%` on purpose: unlike f-strings and str.format it never calls an object's __format__
@@ -338,8 +337,7 @@ def _cleanup(level, uid, time):
 
 
 def children_of(pid):
-    """Processes whose parent is `pid` (scan of /proc: /proc/PID/task/*/children needs a kernel option).
-    Also used by the parent (execute.py)."""
+    """Processes whose parent is `pid`, from /proc (/proc/PID/task/*/children needs a kernel option)."""
     kids = []
     for name in os.listdir("/proc"):
         if name.isdigit():

@@ -121,8 +121,7 @@ def _bwrap_supports_size() -> bool:
 
 
 def sweep_uid(uid: int) -> None:
-    """rlimit level, root: SIGKILL every process of the slot's uid (what escaped the process group by
-    `setsid` and outlived H), from a shell that runs as that uid, so nothing else can be hit."""
+    """rlimit level, root: SIGKILL every process of the slot's uid (`setsid` escapees) as that uid only."""
     try:
         subprocess.run(
             ["/bin/sh", "-c", "i=0; while kill -9 -1 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); done"],
@@ -258,8 +257,7 @@ def _warn_once(key: str, message: str) -> None:
 
 
 def probe(level: IsolationLevel) -> str | None:
-    """None when `level` works on this machine, else why not. Runs a real sandboxed execution once per
-    process and level (cached)."""
+    """None when `level` works here, else why not: one real sandboxed execution per process and level."""
     from keelrl.sandbox.execute import Sandbox  # a real run; execute imports this module
 
     with _detect_lock:

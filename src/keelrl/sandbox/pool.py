@@ -29,9 +29,8 @@ class _Work:
 
 
 class SandboxPool:
-    """`workers` sandbox slots, each driven by one thread, fed from a bounded queue (`submit` blocks when
-    it is full, so a producer cannot pile up unbounded work). Results come back as futures;
-    `run_many` keeps the input order. Each slot leases its own uid when running as root."""
+    """`workers` sandbox slots, one thread each, fed from a bounded queue (`submit` blocks when it is full).
+    Results come back as futures; `run_many` keeps the input order. As root each slot leases its own uid."""
 
     def __init__(
         self,

@@ -1,5 +1,4 @@
 """Tasks: problems, prompts and verifiable rewards. `get_task(name, **params)` is the one entry point.
-
 `TASKS` maps a name to a factory called with `(seed=..., **params)`. A user's own task needs no entry:
 `get_task("mypkg.mytask:MyTask")` imports `mypkg.mytask` and calls its `MyTask` (a class or function).
 """

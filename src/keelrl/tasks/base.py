@@ -1,9 +1,7 @@
-"""The Task protocol: where problems come from, how they are asked, and how answers are checked.
-
-A task is deterministic: `problem(split, index)` is a pure function of the task's seed, the split and
-the index, so a data cursor is one integer, ranks shard by index, and a resumed run sees the same
-problems. Problems are plain JSON-serialisable dicts. `score` never raises on model output: anything
-the model can write yields a `Score`.
+"""The Task protocol: where problems come from, how they are asked, and how answers are checked. A task is
+deterministic: `problem(split, index)` is a pure function of the task's seed, the split and the index, so a
+data cursor is one integer, ranks shard by index, and a resumed run sees the same problems. Problems are
+JSON-serialisable dicts. `score` never raises on model output: anything the model writes yields a `Score`.
 """
 
 from __future__ import annotations
@@ -34,11 +32,9 @@ class Score:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A task's question, before rendering with a tokenizer.
-
-    system: instructions (a system turn for chat models, a preamble for base models; may be empty).
-    user: the question. assistant_prefix: text the assistant turn starts with; it is part of the
-    prompt tokens, and the scorer sees it in front of the completion."""
+    """A task's question, before rendering. system: instructions (a chat system turn, a base model's
+    preamble; may be empty). user: the question. assistant_prefix: the assistant turn's first words, part
+    of the prompt tokens; the scorer sees it in front of the completion."""
 
     system: str
     user: str
@@ -71,9 +67,8 @@ class Task(Protocol):
 
 @runtime_checkable
 class BucketedTask(Protocol):
-    """Optional addition to `Task`: problems drawn from a named difficulty bucket (what an adaptive
-    curriculum steers). `difficulty(problem_in(b, split, i)) == b`; like `problem`, `problem_in` is a pure
-    function of (seed, bucket, split, index) and train and test never share a problem."""
+    """Optional addition to `Task`: problems from a named difficulty bucket (what a curriculum steers).
+    `difficulty(problem_in(b, split, i)) == b`; `problem_in` is pure and split-disjoint like `problem`."""
 
     def buckets(self) -> list[str]:
         """Bucket names, easiest first."""
@@ -94,8 +89,7 @@ def unknown_bucket(task_name: str, bucket: str, buckets: list[str]) -> ValueErro
 
 
 def score_batch(task: Task, problems: list[dict[str, Any]], completions: list[str]) -> list[Score]:
-    """Score many completions: the task's own `score_many` when it has one (e.g. the code task runs its
-    sandboxes in parallel), otherwise `score` one by one."""
+    """Score many completions: the task's `score_many` if any (code: parallel sandboxes), else `score`."""
     many = getattr(task, "score_many", None)
     if many is not None:
         return list(many(problems, completions))
@@ -108,11 +102,9 @@ ScoreFn = Callable[[dict[str, Any], str], Score]
 def score_safely(
     task: Task, problems: list[dict[str, Any]], completions: list[str], score: ScoreFn | None = None
 ) -> tuple[list[Score], list[str]]:
-    """Score many completions without raising: the one path of the trainer and of the Ray scoring workers.
-
-    `score_batch` first; if that raises (a checker is user code), each completion alone, and one whose
-    checker raises scores 0 with reason `score_error`. `score` (the fault drills wrap the checker) replaces
-    `task.score` and skips the batch attempt. Returns the scores and the error messages, in input order."""
+    """Score many completions without raising (the trainer's and the Ray scorers' one path): `score_batch`,
+    and if that raises (checkers are user code), each alone, one that raises scoring 0 (`score_error`).
+    `score` (fault drills) replaces `task.score`, skipping the batch. Returns scores and errors in order."""
     if score is None:
         try:
             return score_batch(task, problems, completions), []
@@ -143,8 +135,7 @@ def in_test_split(key: Any, seed: int, test_fraction: float) -> bool:
     return (stable_hash("split", seed, key) % 1_000_000) < test_fraction * 1_000_000
 
 
-# TinyZero's instructions, shared by its tasks ("base" template preamble, "chat" system turn) and the
-# words its assistant turn starts with.
+# TinyZero's instructions ("base" preamble, "chat" system turn) and its assistant turn's first words.
 SYSTEM_BASE = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. "
     "The assistant first thinks about the reasoning process in the mind and then provides the user with the answer."
@@ -159,8 +150,7 @@ _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def last_answer(text: str, max_chars: int = 2000) -> str | None:
-    """Content of the last complete <answer>...</answer> block, or None. Long texts are searched from the
-    end only (bounded work on adversarial output)."""
+    """The last complete <answer>...</answer> block's content, or None; long texts: searched from the end."""
     tail = text[-(max_chars + 32) :] if len(text) > max_chars + 32 else text
     found = _ANSWER_RE.findall(tail)
     return found[-1] if found else None

@@ -13,9 +13,9 @@ medium, 22 hard, each with 4-7 cases and a reference solution that the test suit
 can give their own JSONL file (`problems_file`); it is validated up front, and every error names the
 line and the field. The file itself is hidden from the sandbox (bwrap, unshare).
 
-Splits: a problem is in the test split when `in_test_split(id, seed, test_fraction)` says so (a hash
-of the id), so train and test never share a problem and adding problems to a file does not move the
-others. `problem(split, i)` walks a seeded permutation of the split, a new one each pass.
+Splits: `in_test_split(id, seed, test_fraction)` (a hash of the id), so train and test never share a problem
+and adding problems does not move the others. `problem(split, i)` walks a seeded permutation, a new one each
+pass.
 
 Answer: the last complete fenced code block of the completion tagged python / py / python3 or untagged
 (a closing fence alone on its line is required; blocks tagged as another language, e.g. example output,
@@ -27,10 +27,9 @@ True only when all cases pass; `info["reason"]` is the judge's verdict (`ok`, `w
 status (`timeout`, `memory`, `crash`, `syntax_error`, `runtime_error`, `output_limit`), or `no_code` /
 `too_long`.
 
-Execution: `keelrl.sandbox` (see its docstring for the isolation levels and what is defended). `score`
-runs one sandboxed execution; `score_many` runs a batch on a process-wide `SandboxPool` (one per
-isolation setting and size), which is what a trainer should call. If the sandbox itself keeps failing
-(`sandbox_error` many times in a row), scoring raises instead of training on meaningless rewards.
+Execution: `keelrl.sandbox` (isolation levels and what is defended: its docstring). `score_many` runs a
+batch on a process-wide `SandboxPool`, which is what a trainer should call. If the sandbox itself keeps
+failing (`sandbox_error` many times in a row), scoring raises instead of training on meaningless rewards.
 """
 
 from __future__ import annotations
@@ -122,9 +121,6 @@ class CodeParams(TaskParams):
         description="Sandbox isolation: auto picks the strongest available (bwrap > unshare > rlimit).",
     )
     workers: int = Field(0, ge=0, description="Sandboxes score_many runs at once; 0 means one per CPU.")
-
-
-# ----------------------------------------------------------------------------------------- problem files
 
 
 def _field_error(where: str, field: str, message: str) -> TaskError:
@@ -238,8 +234,7 @@ def case_from_assert(test: str, entry: str) -> Case | None:
 
 
 def load_problems(path: str | Path) -> list[dict[str, Any]]:
-    """Read and validate a problems JSONL file (blank lines allowed). Raises TaskError naming the line and
-    field of the first problem found."""
+    """Read and validate a problems JSONL file; TaskError names the line and field of the first problem."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -265,18 +260,14 @@ def load_problems(path: str | Path) -> list[dict[str, Any]]:
     return problems
 
 
-# ------------------------------------------------------------------------------------------- extraction
-
 _OPEN_RE = re.compile(r"([A-Za-z0-9_+.-]*)[ \t]*\n")  # after ```: a language tag, then the line ends
 _CLOSE_RE = re.compile(r"[ \t]*(?:\n|$)")  # after ```: nothing else on the line
 
 
 def extract_code(completion: str) -> str | None:
-    """The last complete fenced block tagged python / py / python3 or untagged; None if there is none.
-
-    An opening fence is ``` followed by an optional tag and a newline, anywhere in a line (models write
-    `<think>...</think>```python`); a closing fence is ``` alone on its line (up to 3 spaces of indent).
-    Linear in the length of the text."""
+    """The last complete fenced block tagged python / py / python3 or untagged, or None. An opening fence is
+    ``` with an optional tag and a newline, anywhere in a line (`<think>...</think>```python`); a closing
+    fence is ``` alone on its line (up to 3 spaces of indent). Linear in the text's length."""
     found: str | None = None
     open_tag: str | None = None
     start = 0
@@ -318,9 +309,6 @@ def shared_pool(isolation: str, workers: int, hide: tuple[str, ...] = ()) -> San
         return _pools[key]
 
 
-# ------------------------------------------------------------------------------------------------- task
-
-
 class CodeTask:
     """Python programming problems scored by unit tests in a sandbox."""
 
@@ -347,8 +335,6 @@ class CodeTask:
         self._sandbox_errors = 0
         self._errors_lock = threading.Lock()
 
-    # -------------------------------------------------------------------------------- Task protocol
-
     def problem(self, split: Split, index: int) -> dict[str, Any]:
         return self._pick(self.splits[split], index, split)
 
@@ -371,8 +357,7 @@ class CodeTask:
         return known + sorted(found - set(known))
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        """The `index`-th problem of `split` with difficulty `bucket`: a seeded permutation of those
-        problems, a new one each pass (problems repeat, so a curriculum can track each one)."""
+        """The `index`-th problem of `split` in `bucket`, from a new seeded permutation each pass."""
         if bucket not in self.buckets():
             raise unknown_bucket(self.name, bucket, self.buckets())
         items = [p for p in self.splits[split] if self.difficulty(p) == bucket]
@@ -386,8 +371,6 @@ class CodeTask:
         order = list(range(len(items)))
         random.Random(stable_hash("code", self.seed, *key, epoch)).shuffle(order)
         return dict(items[order[pos]])
-
-    # ------------------------------------------------------------------------------------- batches
 
     def score_many(self, problems: Sequence[dict[str, Any]], completions: Sequence[str]) -> list[Score]:
         """Score a batch, running the sandboxed executions in parallel on the shared pool."""

@@ -1,25 +1,22 @@
 """Countdown (TinyZero): combine the given numbers with + - * / to reach the target.
 
-Problem: `{"numbers": [int, ...], "target": int}`. Problems are generated from the task seed: the numbers
-are drawn, then combined by a random expression tree whose intermediate values are positive integers;
-its value is the target, so every problem is solvable by construction. Train and test are split by the
-sorted number multiset (a hash decides), so no test number set ever appears in training.
-
+Problem: `{"numbers": [int, ...], "target": int}`, generated from the task seed: the numbers are combined by
+a random expression tree with positive integer intermediate values, whose value is the target (always
+solvable). Train and test are split by the sorted number multiset, so no test number set is trained on.
 Reward (TinyZero's rule): 1.0 correct, 0.1 a well-formed answer that is wrong or invalid, 0.0 no answer.
 
 Where this deliberately differs from TinyZero's `countdown.py` reward, and why:
 - TinyZero evaluated the answer with Python `eval` behind a character whitelist, so `99**99**99` could
-  stall the trainer. Here the answer is parsed by a small grammar (integers, binary + - * /, parentheses)
-  and evaluated exactly with rationals; `**`, `//`, unary minus, decimals, names and calls are invalid,
-  answers longer than 200 characters are invalid, and every input costs microseconds.
+  stall the trainer. Here a small grammar (integers, binary + - * /, parentheses) is evaluated exactly with
+  rationals; `**`, `//`, unary minus, decimals, names, calls and answers over 200 characters are invalid,
+  and every input costs microseconds.
 - TinyZero read `2.5` as the numbers 2 and 5 (it extracted digit runs); here a decimal point is invalid.
-- TinyZero searched only the last line of the output for the answer; here the last complete
-  `<answer>...</answer>` block within the completion's final 2,032 characters counts (`last_answer`: the
-  search is bounded so adversarial output costs little). A block not wholly inside that window (e.g. a
-  correct answer followed by 2,000 more characters) is not seen, and the completion scores as unanswered.
+- TinyZero searched only the last line of the output; here the last complete `<answer>...</answer>` block
+  within the final 2,032 characters counts (`last_answer`: bounded work on adversarial output). A block not
+  wholly inside that window (a correct answer followed by 2,000 more characters) is not seen.
 - Correctness is exact (a rational equal to the target), not |value - target| < 1e-5.
-- An answer may state its value (`<answer>(1+2)*3 = 9</answer>`); the stated value must then equal the
-  expression's true value, so a model cannot earn credit by writing the target after a wrong expression.
+- An answer may state its value (`<answer>(1+2)*3 = 9</answer>`); it must then equal the expression's true
+  value, so writing the target after a wrong expression earns nothing.
 """
 
 from __future__ import annotations
@@ -93,9 +90,6 @@ class CountdownParams(TaskParams):
         return self
 
 
-# ----------------------------------------------------------------------------- exact expression checking
-
-
 class InvalidExpression(ValueError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
@@ -127,8 +121,7 @@ def _tokenize(text: str) -> list[str]:
 
 
 class _Parser:
-    """expr := term (('+'|'-') term)* ; term := atom (('*'|'/') atom)* ; atom := INT | '(' expr ')'.
-    Produces (value, numbers used). Raises InvalidExpression."""
+    """expr := term (('+'|'-') term)* ; term := atom (('*'|'/') atom)* ; atom := INT | '(' expr ')'."""
 
     def __init__(self, tokens: list[str]) -> None:
         self.tokens = tokens
@@ -199,9 +192,8 @@ def _evaluate(node: Any) -> Fraction:
 
 
 def check_expression(expression: str, numbers: list[int]) -> Fraction:
-    """Exact value of `expression` if it uses exactly the multiset `numbers` with binary + - * / and
-    parentheses; otherwise InvalidExpression with a reason (bad_char, bad_number, parse_error,
-    wrong_numbers, div_zero, too_long)."""
+    """Exact value of `expression` if it uses exactly the multiset `numbers` with + - * / and parentheses,
+    else InvalidExpression (bad_char, bad_number, parse_error, wrong_numbers, div_zero, too_long)."""
     if len(expression) > MAX_ANSWER_CHARS:
         raise InvalidExpression("too_long", f"answer longer than {MAX_ANSWER_CHARS} characters")
     parser = _Parser(_tokenize(expression))
@@ -242,9 +234,6 @@ def score_countdown(numbers: list[int], target: int, completion: str, line_answe
             {"formatted": True, "reason": "wrong_value", "value": str(value), "answer": answer[:80]},
         )
     return Score(1.0, True, {"formatted": True, "reason": "correct", "answer": answer[:80]})
-
-
-# ----------------------------------------------------------------------------------------- generation
 
 
 def random_expression(numbers: list[int], rng: random.Random) -> tuple[str, int] | None:
@@ -309,8 +298,7 @@ class Countdown:
         return [f"n{k}" for k in range(self.params.min_numbers, self.params.max_numbers + 1)]
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        """The `index`-th problem of `split` with the bucket's count of numbers (its own seeded stream;
-        split by number multiset like `problem`, so train and test stay disjoint)."""
+        """The `index`-th problem of `split` with the bucket's count of numbers (its own seeded stream)."""
         if bucket not in self.buckets():
             raise unknown_bucket(self.name, bucket, self.buckets())
         return self._generate(split, index, bucket)

@@ -1,15 +1,12 @@
 """Task mixtures: several tasks in one run.
 
 `get_task("mixture", tasks=[{"task": "countdown", "params": {...}, "weight": 2}, {"task": "multiply"}])`
-builds one task whose problems come from its members. Each problem carries its member's label under the
-key `"task"` (the label is the member's `name`, default its task name), so prompts, scores and metrics
-dispatch on plain JSON; the member sees its problem without that key.
-
-- `problem(split, i)` picks a member by weight with a hash of (seed, split, i) and returns that member's
-  problem `i`, so the mixture is as deterministic as its members and train/test stay disjoint.
-- Difficulty buckets are `"<label>/<member bucket>"` (`"<label>/all"` for a member that cannot draw by
-  bucket), so an adaptive curriculum steers members and their difficulty ladders together; whether the
-  member weights stay fixed or adapt is `curriculum.mixture`.
+builds one task from its members. Each problem carries its member's label (its `name`, default its task
+name) under `"task"`, so prompts, scores and metrics dispatch on plain JSON; the member never sees that key.
+- `problem(split, i)` picks a member by weight with a hash of (seed, split, i) and returns its problem `i`:
+  as deterministic as the members, and train/test stay disjoint.
+- Buckets are `"<label>/<member bucket>"` (`"<label>/all"` for a member without buckets), so an adaptive
+  curriculum steers members and their difficulty together (`curriculum.mixture`: fixed or adaptive weights).
 """
 
 from __future__ import annotations
@@ -86,8 +83,6 @@ class TaskMixture:
         total = sum(m.weight for m in self.params.tasks)
         self._weights = {m.label: m.weight / total for m in self.params.tasks}
 
-    # ------------------------------------------------------------------------------------- members
-
     def weights(self) -> dict[str, float]:
         """Member label -> configured share (sums to 1)."""
         return dict(self._weights)
@@ -101,8 +96,6 @@ class TaskMixture:
         if label not in self.members:
             raise ValueError(f"mixture problem has task {label!r}; members are {', '.join(self.members)}")
         return label, self.members[label], {k: v for k, v in problem.items() if k != "task"}
-
-    # ------------------------------------------------------------------------------- Task protocol
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
         u = stable_hash("mixture", self.seed, split, index) / 2**64

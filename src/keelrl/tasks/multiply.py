@@ -1,9 +1,7 @@
-"""Multiplication (TinyZero's variant): compute a x b.
-
-Problem: `{"a": int, "b": int}` with `digits_a` and `digits_b` digits. Reward: 1.0 when the last
-`<answer>` block holds exactly the product as an integer (thousands separators `,` or `_` allowed),
-0.1 when it holds an integer that is wrong, 0.0 when there is no answer block or it is not an integer.
-Train and test are split by the unordered pair {a, b}, so a test pair never appears in training.
+"""Multiplication (TinyZero's variant): compute a x b, with `digits_a` and `digits_b` digits.
+Reward: 1.0 when the last `<answer>` block holds exactly the product as an integer (`,` or `_` thousands
+separators allowed), 0.1 for a wrong integer, 0.0 without an answer block or integer. Train and test are
+split by the unordered pair {a, b}, so a test pair never appears in training.
 """
 
 from __future__ import annotations
@@ -123,8 +121,7 @@ class Multiply:
         return self._generate(split, index, da, db, bucket)
 
     def _generate(self, split: Split, i: int, da: int, db: int, bucket: str | None = None) -> dict[str, Any]:
-        """Seeded draws of a `da`-digit times `db`-digit pair until one falls in `split` (a bucket, when
-        given, is part of the seed: each bucket has its own stream)."""
+        """Seeded draws of a `da` x `db`-digit pair until one is in `split` (a bucket has its own stream)."""
         key = (split, i) if bucket is None else (split, bucket, i)
         for attempt in range(10_000):
             rng = random.Random(stable_hash("multiply", self.seed, *key, attempt))

@@ -1,12 +1,10 @@
 """The guard rules: `RULES`, the one registry (name -> rule), and `GuardsConfig`, the [guards] section with
-one sub-section of thresholds per rule under the same name. The rules live by family, each next to its
-thresholds: numerics.py (one update's numbers), policy.py (what the policy writes), reward.py (reward and
-accuracy), process.py (throughput, stalls).
+one sub-section of thresholds per rule under its name. The rules live by family, each next to its thresholds:
+numerics.py, policy.py, reward.py, process.py.
 
-A rule is a pure function `rule(history, thresholds) -> Finding | None` that judges the *latest* window
-of `history` (metric records as written to metrics.jsonl, in step order). Each rule's thresholds are a
-pydantic model whose fields say where each default comes from (REFERENCE.md facts, or a measurement on
-this machine: docs/doctor.md says how those were made).
+A rule is a pure function `rule(history, thresholds) -> Finding | None` that judges the *latest* window of
+`history` (metrics.jsonl records, in step order). Threshold fields say where each default comes from
+(REFERENCE.md facts, or a measurement here: docs/doctor.md says how).
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ TRANSIENT = ("nonfinite", "grad_spike", "throughput_drop")
 
 
 class GuardsConfig(BaseModel):
-    """[guards]: one section per rule, each with `enabled`, `action` and its thresholds, plus how the
-    trainer acts on them (skips, rollbacks)."""
+    """[guards]: one section per rule, plus how the trainer acts on findings (skips, rollbacks)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 

@@ -79,8 +79,7 @@ class GradSpikeThresholds(RuleThresholds):
 
 
 def grad_spike(history: Sequence[Record], t: GradSpikeThresholds) -> Finding | None:
-    """The latest grad_norm against the `window` before it. For a check before the optimizer step, append
-    a record {"step": s, "grad_norm": g} to the history first."""
+    """The latest grad_norm against the `window` before it (a pre-step check appends its record first)."""
     if not history:
         return None
     g = metric_value(history[-1], "grad_norm")
@@ -235,8 +234,7 @@ class KlBlowupThresholds(RuleThresholds):
     ref_history: int = Field(
         20, ge=2, description="Steps before the window whose median kl/ref is the preceding level."
     )
-    # REFERENCE: healthy sampler/trainer KL is 4e-4 to 1e-2; a tenfold jump that stays below 0.01 is
-    # still inside what healthy runs show.
+    # REFERENCE: healthy sampler/trainer KL is 4e-4 to 1e-2; a tenfold jump below 0.01 is still healthy.
     ref_floor: float = Field(0.01, ge=0.0, description="kl/ref must also exceed this to count as a blow-up.")
 
 
@@ -276,8 +274,7 @@ def kl_blowup(history: Sequence[Record], t: KlBlowupThresholds) -> Finding | Non
 class MismatchThresholds(RuleThresholds):
     """Sampler and trainer log-probs disagree (mismatch/kl)."""
 
-    # action stays "warn": rolling back cannot repair a sampler that disagrees with the trainer; truncated IS
-    # (algo.tis_cap) can.
+    # action stays "warn": a rollback cannot repair a disagreeing sampler; truncated IS (algo.tis_cap) can.
     window: int = Field(5, ge=1, description="Steps averaged for the sampler/trainer gap (mismatch/kl).")
     # REFERENCE: healthy dense runs show sampler/trainer KL 4e-4 to 1e-2; veRL warns above 0.1.
     warn_kl: float = Field(

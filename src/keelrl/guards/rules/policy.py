@@ -26,8 +26,7 @@ from keelrl.guards.base import (
 class EntropyCollapseThresholds(RuleThresholds):
     """Token entropy fell to a small fraction of its start."""
 
-    # action stays "warn": collapse is gradual and rolling back usually replays it; lowering lr is the
-    # user's call.
+    # action stays "warn": collapse is gradual, a rollback usually replays it; lowering lr is the user's.
     window: int = Field(10, ge=1, description="Steps averaged for the current entropy.")
     baseline_steps: int = Field(
         5, ge=1, description="First training steps averaged for the starting entropy."
@@ -110,8 +109,7 @@ def entropy_explosion(history: Sequence[Record], t: EntropyExplosionThresholds) 
 class LengthExplosionThresholds(RuleThresholds):
     """Responses grew several-fold without accuracy gains."""
 
-    # action stays "warn": longer answers are how TinyZero learned search; it fires only while accuracy is
-    # not improving.
+    # action stays "warn": longer answers are how TinyZero learned search; fires only while accuracy stalls.
     window: int = Field(10, ge=1, description="Steps averaged for the current response length.")
     baseline_steps: int = Field(5, ge=1, description="First training steps averaged for the starting length.")
     # Heuristic: doubling is the smallest change a reader would call an explosion. REFERENCE (Dr. GRPO,
@@ -219,8 +217,7 @@ class TruncationSurgeThresholds(RuleThresholds):
 
 
 def truncation_surge(history: Sequence[Record], t: TruncationSurgeThresholds) -> Finding | None:
-    """Many completions cut at the length limit: a surge (risen) is a warning or critical; a level that was
-    high from the start is info."""
+    """Many completions cut at the length limit: a surge is a warning or critical, a high start is info."""
     if (got := start_and_now(history, "response_length/truncated_frac", t.baseline_steps, t.window)) is None:
         return None
     f0, f, cur = got

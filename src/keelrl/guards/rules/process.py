@@ -70,8 +70,7 @@ class StalledThresholds(RuleThresholds):
 def stalled(
     history: Sequence[Record], t: StalledThresholds, *, now: float, last_write: float, state: str | None
 ) -> Finding | None:
-    """A run whose status says it is running has been silent (no metric or status write since
-    `last_write`) for `factor` times its recent median gap between steps. Doctor only."""
+    """A running run silent since `last_write` for `factor` times its recent median step gap. Doctor only."""
     if state not in RUNNING_STATES:
         return None  # finished, failed, or unknown (e.g. a metrics.jsonl exported from elsewhere)
     times = tail(history, "time", 21)

@@ -86,8 +86,7 @@ def reward_collapse(history: Sequence[Record], t: RewardCollapseThresholds) -> F
 class NoSignalThresholds(RuleThresholds):
     """Most groups have all-equal rewards, so they give no gradient."""
 
-    # action stays "warn". REFERENCE (prototype): the lift appeared suddenly after ~225 steps of nothing;
-    # stopping would have killed it.
+    # action stays "warn". REFERENCE (prototype): the lift came suddenly after ~225 flat steps: don't stop.
     # 5 steps: at 8+ groups per step the fraction moves in steps of 1/8 or less, and a run whose first steps
     # carry no signal at all should hear it early.
     window: int = Field(5, ge=1, description="Steps averaged for groups/no_signal_frac.")
@@ -155,8 +154,7 @@ def _eval_drop(history: Sequence[Record], min_evals: int) -> tuple[Eval, list[Ev
 class RewardHackingThresholds(RuleThresholds):
     """Train reward rises while held-out accuracy (the strict checker) falls."""
 
-    # action stays "warn": rolling back does not make a hackable reward safe; the user has to fix the
-    # checker.
+    # action stays "warn": rolling back does not make a hackable reward safe; the checker must be fixed.
     # REFERENCE: seed std is 5-15 points and a 200-problem eval at p = 0.5 has a standard error of 0.035
     # (0.05 for a difference), so a 0.1 drop is ~2 standard errors; format-only rewards alone gave +16 points.
     min_accuracy_drop: float = Field(
@@ -182,9 +180,8 @@ class RewardHackingThresholds(RuleThresholds):
 
 
 def reward_hacking(history: Sequence[Record], t: RewardHackingThresholds) -> Finding | None:
-    """Train reward up (above its start, and not below where it was at the best eval) while the strict
-    held-out checker (eval/accuracy) has fallen below its best for `min_evals` evals. Without enough evals,
-    train accuracy (the strict checker on the training samples) stands in for eval accuracy."""
+    """Train reward up (above its start, not below its level at the best eval) while eval/accuracy has been
+    below its best for `min_evals` evals; without enough evals, train accuracy stands in."""
     if (got := start_and_now(history, "reward/mean", t.window, t.window)) is None:
         return None
     r0, r_now, _ = got
