@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
@@ -47,6 +48,9 @@ TRAINER_STATE = "trainer_state.pt"
 STATE_JSON = "state.json"
 SHARDED = "sharded"
 LATEST = "latest"
+# what a failed write raises: OSError (json, tokenizer files), SafetensorError (the weights; a full disk is
+# "I/O error: No space left on device"), RuntimeError (torch.save: "PytorchStreamWriter failed writing file")
+WRITE_ERRORS = (OSError, SafetensorError, RuntimeError)
 
 
 class CheckpointError(RuntimeError):
@@ -161,9 +165,11 @@ def write_snapshot(
     staged: Path | None = None,
     on_file: Callable[[str], None] | None = None,
 ) -> Path:
-    """Write `snap` as a committed checkpoint (with the files in `staged`) and point `latest` at it. Raises
-    CheckpointError (temporary directory removed, previous checkpoints untouched) when the disk refuses.
-    `on_file(name)` is called after each file (the `[faults]` drills fail or kill the save there)."""
+    """Write `snap` as a committed checkpoint and point `latest` at it; files already in `staged` (from
+    `stage_dir`) become part of it. Raises CheckpointError when a write fails (a full disk: OSError, or
+    SafetensorError / RuntimeError from the libraries); the temporary directory is removed whatever failed and
+    the previous checkpoints are untouched. `on_file(name)` is called after each file is written (the
+    `[faults]` drills fail or kill the save there)."""
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     name = step_dir_name(snap.step)
     final = checkpoints_dir / name
@@ -211,13 +217,15 @@ def write_snapshot(
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync(checkpoints_dir, directory=True)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
+        set_latest(checkpoints_dir, name)
+    except WRITE_ERRORS as err:
         raise CheckpointError(
-            f"saving checkpoint {name} failed ({err.strerror or err}); the previous checkpoints are intact. "
+            f"saving checkpoint {name} failed ({type(err).__name__}: {err}; "
+            f"{shutil.disk_usage(checkpoints_dir).free / 1e6:.1f} MB free); the previous checkpoints are intact. "
             f"Free space under {checkpoints_dir} or lower checkpoint.keep_last."
         ) from err
-    set_latest(checkpoints_dir, name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial directory, whatever failed (gone once renamed)
     return final
 
 
@@ -375,7 +383,9 @@ def prune(
 
 
 class AsyncCheckpointer:
-    """Writes snapshots in a background thread, one in flight; its errors surface at `submit` or `wait`."""
+    """Writes snapshots in a background thread, at most one in flight: `submit` waits for the previous
+    write to finish first. Every write ends in `on_done(path, error, snapshot)`, a failed one too, so its
+    error reaches the trainer (recovery.collect_saves) at the next step instead of dying with the thread."""
 
     def __init__(self, on_done: Callable[[Path | None, BaseException | None, Snapshot], None]) -> None:
         self.on_done = on_done
@@ -397,7 +407,7 @@ class AsyncCheckpointer:
         def run() -> None:
             try:
                 path = write_snapshot(snap, checkpoints_dir, healthy, staged, on_file)
-            except CheckpointError as err:
+            except Exception as err:  # not only CheckpointError: nothing may vanish with the thread
                 self.on_done(None, err, snap)
                 return
             self.on_done(path, None, snap)
@@ -425,9 +435,19 @@ def daly_interval(save_cost_s: float, mtbf_s: float) -> float:
 
 class CheckpointPolicy:
     """When to save: every N steps, every M minutes, or (auto) at Daly's interval computed from the measured
-    save cost and the observed mean time between failures (restarts in events.jsonl over the run's wall time)."""
+    save cost and the observed mean time between failures (restarts in events.jsonl over the run's wall time).
+    It also tracks how far the newest good checkpoint is behind when saves fail, and when to give up."""
 
-    def __init__(self, every_steps: int, every_minutes: float, auto: bool, assumed_mtbf_s: float) -> None:
+    def __init__(
+        self,
+        every_steps: int,
+        every_minutes: float,
+        auto: bool,
+        assumed_mtbf_s: float,
+        max_failed_saves: int = 0,
+        max_unsaved_minutes: float = 0.0,
+        step: int = 0,
+    ) -> None:
         self.every_steps = every_steps
         self.every_s = every_minutes * 60.0
         self.auto = auto
@@ -436,13 +456,53 @@ class CheckpointPolicy:
         self.save_cost_s: float | None = None
         self.failures = 0
         self.wall_s = 0.0
+        self.max_failed_saves, self.max_unsaved_s = max_failed_saves, max_unsaved_minutes * 60.0
+        # the newest good checkpoint: where this worker resumed (or began) until it saves one itself
+        self.good_step, self.good_time = step, time.time()
+        self.failed_in_row, self.failed_total, self.last_error = 0, 0, ""
 
     def observe_failures(self, failures: int, wall_s: float) -> None:
         self.failures, self.wall_s = failures, wall_s
 
-    def record_save(self, cost_s: float) -> None:
+    def record_save(self, cost_s: float, step: int, snapshot_time: float) -> None:
         self.last_save = time.monotonic()
         self.save_cost_s = cost_s if self.save_cost_s is None else 0.5 * (self.save_cost_s + cost_s)
+        self.good_step, self.good_time, self.failed_in_row = step, snapshot_time, 0
+
+    def record_failure(self, error: str) -> None:
+        """A save failed: count it, and try again one interval later (not at every step)."""
+        self.last_save = time.monotonic()
+        self.failed_in_row += 1
+        self.failed_total += 1
+        self.last_error = error
+
+    def minutes_since_good(self) -> float:
+        return (time.time() - self.good_time) / 60.0
+
+    def behind(self, step: int) -> dict[str, float]:
+        """Metrics of how far the newest good checkpoint is behind `step`: none until a save has failed in
+        this worker (a healthy run's records stay as they were)."""
+        if not self.failed_total:
+            return {}
+        return {
+            "checkpoint/steps_since_good": float(step - self.good_step),
+            "checkpoint/minutes_since_good": self.minutes_since_good(),
+            "checkpoint/failed_saves": float(self.failed_total),
+        }
+
+    def give_up(self) -> str | None:
+        """Which configured bound the failing saves crossed (the run must stop), or None. A long gap between
+        saves that did not fail is the configured cadence, not a reason to stop."""
+        if not self.failed_in_row:
+            return None
+        if self.max_failed_saves and self.failed_in_row >= self.max_failed_saves:
+            return f"{self.failed_in_row} checkpoint saves in a row failed (checkpoint.max_failed_saves={self.max_failed_saves})"
+        if self.max_unsaved_s and self.minutes_since_good() * 60.0 > self.max_unsaved_s:
+            return (
+                f"nothing was saved for {self.minutes_since_good():.1f} minutes "
+                f"(checkpoint.max_unsaved_minutes={self.max_unsaved_s / 60.0:g})"
+            )
+        return None
 
     def interval_s(self) -> float | None:
         if self.auto:

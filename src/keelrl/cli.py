@@ -85,16 +85,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Train in this process (what the supervisor runs, and `keelrl train --no-supervisor`)."""
-    from keelrl.supervisor import EXIT_GUARD_STOP
-    from keelrl.trainer import GuardStop, train
+    from keelrl.run import RunStop
+    from keelrl.trainer import train
 
     cfg = load_config(args.config, args.set)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
     try:
         train(cfg, run_dir, resume=args.resume)
-    except GuardStop as err:
+    except RunStop as err:
         print(f"keelrl: {err}", file=sys.stderr)
-        return EXIT_GUARD_STOP
+        return err.exit_code
     if int(os.environ.get("RANK", 0)) == 0:
         _print_outcome(run_dir)
     return 0

@@ -285,6 +285,16 @@ class CheckpointConfig(Section):
         False,
         description="Write checkpoints in a background thread (training waits only for the copy to CPU memory).",
     )
+    max_failed_saves: int = Field(
+        3,
+        ge=0,
+        description="Stop (exit 4, no restart) after this many failed saves in a row, e.g. a full disk (0 = never).",
+    )
+    max_unsaved_minutes: float = Field(
+        0.0,
+        ge=0.0,
+        description="Also stop when a save fails and the newest good checkpoint is older than this many minutes (0 = off).",
+    )
 
 
 class SupervisorConfig(Section):

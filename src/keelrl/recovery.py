@@ -1,9 +1,12 @@
 """Recovery: checkpoints, the guards' actions (rollback, stop), preemption and the final export.
 
-A checkpoint is snapshotted to CPU memory and committed atomically by rank 0 (in a background thread when
-checkpoint.async_save); its bookkeeping (events, pruning, status) happens in the main thread in
-`collect_saves`. A rollback returns to the newest verified checkpoint marked healthy taken before the
-trouble began and skips the problems drawn since.
+A checkpoint is snapshotted to CPU memory and committed atomically by rank 0 (in a background thread
+when checkpoint.async_save); its bookkeeping (events, pruning, status) happens in the main thread in
+`collect_saves`. A save that fails (a full disk) is an event that says how far behind the newest good
+checkpoint now is; training goes on until checkpoint.max_failed_saves / max_unsaved_minutes, then stops
+with a message instead of crashing (a crash would restart, redo the same steps and fail the same way).
+A rollback returns to the newest verified checkpoint marked healthy that was taken before the trouble
+began, skips the problems drawn since, and sets aside the checkpoints after it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch.distributed.checkpoint import CheckpointException
@@ -22,7 +26,7 @@ from keelrl.distributed import broadcast_object, is_sharded, save_sharded
 from keelrl.guards.base import Finding
 from keelrl.guards.engine import Guardian
 from keelrl.models import model_summary, save_hf_dir
-from keelrl.run import GuardStop, Run
+from keelrl.run import CheckpointStop, GuardStop, Run
 from keelrl.state import TrainState
 
 
@@ -40,7 +44,7 @@ def save_checkpoint(
         except (CheckpointException, OSError) as err:  # every rank sees the failure (DCP gathers them)
             if run.world.is_writer:
                 shutil.rmtree(staged, ignore_errors=True)
-                run.event("checkpoint_failed", state.step, reason=f"writing the shards failed: {err}")
+                save_failed(run, state.step, f"writing the shards failed: {err}")
             return
         optimizer_state = {"format": "sharded", "with_state": with_state}
     if not run.world.is_writer:
@@ -78,7 +82,7 @@ def collect_saves(run: Run) -> None:
     while not run.live.save_results.empty():
         path, err, snap = run.live.save_results.get()
         if err is not None or path is None:
-            run.event("checkpoint_failed", snap.step, reason=str(err))
+            save_failed(run, snap.step, str(err))
             continue
         # keep a healthy checkpoint from before the guards' lookback, so a rollback can land before trouble
         anchor = ckpt.rollback_anchor(run.run_dir.checkpoints, snap.step - cfg.guards.skip_window)
@@ -89,8 +93,9 @@ def collect_saves(run: Run) -> None:
             cfg.checkpoint.best_metric,
             protect=(anchor,) if anchor and cfg.guards.enabled else (),
         )
-        written_s = time.time() - snap.state.get("snapshot_time", time.time())
-        run.ckpt_policy.record_save(written_s)
+        snapshot_time = snap.state.get("snapshot_time", time.time())
+        written_s = time.time() - snapshot_time
+        run.ckpt_policy.record_save(written_s, snap.step, snapshot_time)
         run.event(
             "checkpoint",
             snap.step,
@@ -101,6 +106,46 @@ def collect_saves(run: Run) -> None:
         )
         run.report_status(last_checkpoint=path.name)
         run.faults.after_save(path, snap.step)
+
+
+def save_failed(run: Run, step: int, reason: str) -> None:
+    """Count a failed save (rank 0) and say how far behind the newest good checkpoint now is."""
+    policy = run.ckpt_policy
+    policy.record_failure(reason)
+    newest = ckpt.committed(run.run_dir.checkpoints)
+    run.event(
+        "checkpoint_failed",
+        step,
+        reason=reason,
+        good_checkpoint=newest[0].name if newest else None,
+        steps_since_good=step - policy.good_step,
+        minutes_since_good=round(policy.minutes_since_good(), 2),
+        failed_in_row=policy.failed_in_row,
+    )
+
+
+def stop_unsaved(run: Run, state: TrainState, why: Callable[[], str | None]) -> None:
+    """Stop the run (CheckpointStop: its own exit code, not restarted) when `why()` (on rank 0: a reason, or
+    None) says saving has failed for too long; the one-paragraph message says where the run can resume."""
+
+    def message() -> str | None:
+        reason = why()
+        if reason is None:
+            return None
+        policy, newest = run.ckpt_policy, ckpt.committed(run.run_dir.checkpoints)
+        good = (
+            f"The newest good checkpoint is {newest[0].name} ({state.step - policy.good_step} steps and "
+            f"{policy.minutes_since_good():.1f} minutes behind): run the same command once there is space and "
+            "it resumes from there."
+            if newest
+            else "No checkpoint was saved, so the next run starts over."
+        )
+        return f"stopped at step {state.step}: {reason}. The last one: {policy.last_error} {good}"
+
+    text = run.on_writer(message)
+    if text is not None:
+        run.report_status(state="stopped", step=state.step, reason=text)
+        raise CheckpointStop(text)
 
 
 def update_best(run: Run, state: TrainState, metrics: dict[str, float]) -> bool:
@@ -260,16 +305,25 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
     """Final checkpoint, HF export of the final policy, summary.json."""
     cfg = run.cfg
     final_eval = state.last_eval if state.last_eval.get("step") == state.step else {}
-    latest = run.on_writer(lambda: [p.name for p in ckpt.committed(run.run_dir.checkpoints)][:1])
-    if latest != [ckpt.step_dir_name(state.step)]:
-        save_checkpoint(run, state, final_eval, "final", wait=True)
     if run.saver is not None:
         run.saver.wait()
     collect_saves(run)
+    if run.on_writer(lambda: run.ckpt_policy.good_step != state.step):  # no good checkpoint of this step yet
+        save_checkpoint(run, state, final_eval, "final", wait=True)
+    final_failed = "the checkpoint of the final step could not be written"
+    stop_unsaved(run, state, lambda: final_failed if run.ckpt_policy.good_step != state.step else None)
     summary: dict[str, Any] = {}
     if run.world.is_writer:
         policy = run.whole_policy(state)
-        save_hf_dir(policy, run.tokenizer, run.run_dir.final_dir)
+        try:
+            save_hf_dir(policy, run.tokenizer, run.run_dir.final_dir)
+        except ckpt.WRITE_ERRORS as err:
+            run.report_status(state="stopped", step=state.step)
+            raise CheckpointStop(
+                f"training finished and its final checkpoint is saved, but exporting the policy to "
+                f"{run.run_dir.final_dir} failed ({type(err).__name__}: {err}). Free space there and run the "
+                "same command again: it resumes at the last step and only redoes the export."
+            ) from None
         initial = next((m for m in run.run_dir.metrics() if m.get("step") == 0 and "eval/accuracy" in m), {})
         summary = {
             "state": "finished",

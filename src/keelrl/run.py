@@ -32,12 +32,25 @@ from keelrl.rollout import Sampler, SamplingSettings
 from keelrl.rollout.episodes import Prompter
 from keelrl.rollout.weights import untied_state_dict
 from keelrl.state import TrainState
-from keelrl.supervisor import Heartbeat
+from keelrl.supervisor import EXIT_CANNOT_SAVE, EXIT_GUARD_STOP, Heartbeat
 from keelrl.tasks import Task
 
 
-class GuardStop(RuntimeError):
+class RunStop(RuntimeError):
+    """The run stops on purpose: the worker prints the message, exits with `exit_code`, and the supervisor
+    does not restart it (a restart would stop again)."""
+
+    exit_code = EXIT_GUARD_STOP
+
+
+class GuardStop(RunStop):
     """A guard decided the run must stop; the worker exits with EXIT_GUARD_STOP and is not restarted."""
+
+
+class CheckpointStop(RunStop):
+    """Checkpoints kept failing past checkpoint.max_failed_saves / max_unsaved_minutes (e.g. a full disk)."""
+
+    exit_code = EXIT_CANNOT_SAVE
 
 
 class ResumeError(RuntimeError):

@@ -174,7 +174,13 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             lock=lock,
             faults=FaultInjector(cfg.faults, run_dir if world.is_writer else None, cfg.train.seed),
             ckpt_policy=ckpt.CheckpointPolicy(
-                c.every_steps, c.every_minutes, c.auto, c.assumed_mtbf_hours * 3600
+                c.every_steps,
+                c.every_minutes,
+                c.auto,
+                c.assumed_mtbf_hours * 3600,
+                c.max_failed_saves,
+                c.max_unsaved_minutes,
+                state.step,
             ),
             saver=ckpt.AsyncCheckpointer(lambda *result: live.save_results.put(result))
             if c.async_save

@@ -9,10 +9,12 @@ thread would keep beating while the main thread is stuck, so there is none. No h
 `supervisor.hang_timeout_s` (`startup_timeout_s` before the first) means hung (a SIGSTOPped worker too): the
 worker's process group is SIGKILLed and the run restarts from its last checkpoint.
 
-Crashes. A non-zero exit or death by signal (an OOM kill is SIGKILL) restarts the worker after a backoff that
-doubles per consecutive restart (capped at 60 s), at most `max_restarts` per `restart_window_s`. When
-`crash_loop_restarts` consecutive attempts die without passing the previous one's step, the supervisor stops
-and says so, with the tail of the worker's log, instead of burning the budget.
+Crashes. A non-zero exit or a death by signal (an OOM kill is SIGKILL) restarts the worker after a
+backoff that doubles with consecutive restarts (capped at 60 s), at most `max_restarts` times per
+`restart_window_s`. When `crash_loop_restarts` consecutive attempts die without getting past the step
+the previous one died at, the supervisor stops and says so, with the tail of the worker's log, instead
+of burning the budget. Exits that a restart cannot help are final (`FINAL_EXITS`): a user error (2), a guard's
+stop (3), checkpoints that keep failing, e.g. on a full disk (4).
 
 Preemption. SIGTERM/SIGINT reaches the worker as SIGTERM: it finishes its step, checkpoints and exits 0
 ("preempted"); a second signal kills it at once.
@@ -49,6 +51,9 @@ ENV_SUPERVISED = "KEELRL_SUPERVISED"
 POLL_S = 0.25
 EXIT_USER_ERROR = 2  # the worker's exit status for a mistake in the config or command line
 EXIT_GUARD_STOP = 3  # a guard stopped the run on purpose (keelrl.trainer.GuardStop)
+EXIT_CANNOT_SAVE = 4  # checkpoints kept failing past the configured bound (keelrl.run.CheckpointStop)
+# exits that a restart cannot help, and the state they leave the run in
+FINAL_EXITS = {EXIT_USER_ERROR: "failed", EXIT_GUARD_STOP: "stopped", EXIT_CANNOT_SAVE: "stopped"}
 
 
 class Heartbeat:
@@ -198,9 +203,9 @@ class Supervisor:
             if self.stop_signals:
                 self._status(state="stopped")
                 return 130
-            if cause == "exit" and attempt.returncode in (EXIT_USER_ERROR, EXIT_GUARD_STOP):
-                # a user error, or a guard that decided to stop: restarting cannot help
-                self._status(state="failed" if attempt.returncode == EXIT_USER_ERROR else "stopped")
+            if cause == "exit" and attempt.returncode in FINAL_EXITS:
+                # a user error, a guard that decided to stop, a disk that takes no checkpoint: restarting cannot help
+                self._status(state=FINAL_EXITS[attempt.returncode])
                 sys.stderr.write(_log_tail(self.run_dir.path / WORKER_LOG, 5) + "\n")
                 return attempt.returncode
             verdict = self._should_restart(attempt)

@@ -34,9 +34,10 @@ from keelrl.recovery import (
     preempt,
     save_checkpoint,
     stop_run,
+    stop_unsaved,
     update_best,
 )
-from keelrl.run import GuardStop, ResumeError, Run
+from keelrl.run import GuardStop, ResumeError, Run, RunStop
 from keelrl.setup import ResumeMode, setup, shutdown_engines
 from keelrl.state import TrainState
 from keelrl.supervisor import install_heartbeat
@@ -90,11 +91,12 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             ):
                 save_checkpoint(run, state, metrics, "best" if keep_best else "interval")
             collect_saves(run)
+            stop_unsaved(run, state, run.ckpt_policy.give_up)
             run.faults.after_step(state.step)
             if all_reduce_sum(float(run.live.stop_requested), world) > 0:  # any rank asked: all stop together
                 return preempt(run, state, metrics)
         summary = finish(run, state)
-    except GuardStop:
+    except RunStop:  # a stop on purpose has already said why (status "stopped")
         raise
     except BaseException:
         run.report_status(state="failed", step=state.step)
@@ -139,6 +141,7 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     state.step += 1
     state.curriculum = run.source.state_dict()
     metrics["guard/skipped_steps"] = float(state.guards.get("skipped_steps", 0))
+    metrics.update(run.ckpt_policy.behind(state.step))  # only once a checkpoint save has failed
     metrics.update(
         {
             "time/gen_s": t1 - t0,

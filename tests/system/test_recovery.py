@@ -103,12 +103,20 @@ def test_unpicklable_trainer_state_falls_back_to_the_previous_checkpoint(
     assert_same_run(run_dir, reference_run)  # steps 7 and 8 redone exactly
 
 
-def test_disk_full_during_save_keeps_previous_and_reports(drill: Drill, tmp_path: Path) -> None:
-    cfg = drill.config("supervisor.enabled=false", "faults.disk_full_at_step=4")
+@pytest.mark.parametrize("async_save", [False, True])
+def test_disk_full_during_save_keeps_previous_and_reports(
+    drill: Drill, tmp_path: Path, async_save: bool
+) -> None:
+    cfg = drill.config(
+        "supervisor.enabled=false", "faults.disk_full_at_step=4", f"checkpoint.async_save={async_save}"
+    )
     run_dir = tmp_path / "run"
     train(cfg, run_dir)
     failed = events(run_dir, "checkpoint_failed")
     assert len(failed) == 1 and failed[0]["step"] == 4 and "No space left on device" in failed[0]["reason"]
+    assert failed[0]["steps_since_good"] == 2 and failed[0]["failed_in_row"] == 1  # counted, in both modes
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {r.get("checkpoint/failed_saves") for r in records if r["step"] >= 6} == {1.0}
     names = [p.name for p in ckpt.committed(run_dir / "checkpoints")]
     assert "step_00000004" not in names and "step_00000002" in names
     assert ckpt.verify(run_dir / "checkpoints" / "step_00000002") is None
