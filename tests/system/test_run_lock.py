@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.system.conftest import Drill, assert_same_run, events, kill, wait_for
+from .conftest import Drill, assert_same_run, events, kill, wait_for
 
 # The first trainer's first reward call sleeps this long, so it is surely alive while the others try.
 STALL = "faults.reward_stall_s=20"

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from tests.system.conftest import Drill, assert_same_run, events
+from .conftest import Drill, assert_same_run, events
 
 from keelrl.faults import InjectedFault
 from keelrl.trainer import train
