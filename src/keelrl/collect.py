@@ -38,6 +38,7 @@ def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int
         for group, (i, problem) in mine
         for k in range(G)
     ]
+    run.faults.before_sampling(state.step + 1, run.sampler)
     return generate(run.sampler, run.prompter, episodes, run.settings)
 
 
@@ -56,12 +57,12 @@ def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> int:
 
 
 def pool_metrics(run: Run, state: TrainState) -> dict[str, float]:
-    """With Ray actor pools: an event for actors replaced since the last call (in this step's scoring,
-    generation, refills or the eval before it), and their count since this process started."""
+    """With Ray actor pools or an engine process: an event for workers replaced since the last call (in this
+    step's scoring, generation, refills or the eval before it), and their count since this process started."""
     out: dict[str, float] = {}
     for name, pool in (("scorer", run.scorer), ("sampler", run.sampler)):
-        actors = getattr(pool, "actors", None)  # a Ray pool's ActorPool
-        if actors is None:
+        actors = getattr(pool, "actors", pool)  # a Ray pool's ActorPool, or the engine sampler itself
+        if not hasattr(actors, "take_replaced"):
             continue
         replaced = actors.take_replaced()
         if replaced:

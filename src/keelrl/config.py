@@ -12,9 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from keelrl.config_checks import check_batch_arithmetic, check_engine
 from keelrl.config_load import ConfigError as ConfigError  # re-exported: the error callers catch
 from keelrl.config_load import apply_overrides, read_toml, validate
 from keelrl.guards.rules import GuardsConfig
+from keelrl.rollout.vllm_config import VLLMConfig
 
 
 class Section(BaseModel):
@@ -91,6 +93,11 @@ class TaskConfig(Section):
 
 
 class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="What samples: hf is keelrl's KV-cache sampler over the transformers model (any torch device); "
+        "vllm is a vLLM engine in its own process, its weights pushed and checked after every update ([vllm]).",
+    )
     backend: Literal["cpu"] = Field(
         "cpu",
         description="Sampler backend; 'cpu' is keelrl's batched KV-cache sampler (runs on any torch device).",
@@ -354,6 +361,17 @@ class FaultsConfig(Section):
     reward_stall_s: float = Field(
         0.0, ge=0.0, description="Seconds the first reward call of the run sleeps (a stalled verifier)."
     )
+    skip_weight_sync_at_step: int = Field(
+        0, ge=0, description="The weight push after this step's update is skipped (0 = off; vllm engine)."
+    )
+    stale_prefix_cache_at_step: int = Field(
+        0,
+        ge=0,
+        description="The push after this step's update keeps the engine's prefix cache (0 = off; vllm).",
+    )
+    kill_engine_at_step: int = Field(
+        0, ge=0, description="The engine process is SIGKILLed while generating this step (0 = off; vllm)."
+    )
 
 
 class LogConfig(Section):
@@ -514,6 +532,9 @@ class Config(Section):
         default_factory=TaskConfig, description="What is trained on and how it is scored."
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
+    vllm: VLLMConfig = Field(
+        default_factory=VLLMConfig, description="The vLLM engine (rollout.engine = 'vllm')."
+    )
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm settings.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Loop settings.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training.")
@@ -538,43 +559,14 @@ class Config(Section):
     )
 
     @model_validator(mode="after")
-    def _batch_arithmetic(self) -> Config:
+    def _consistent(self) -> Config:
         check_batch_arithmetic(self, world_size=1)
+        check_engine(self)
         return self
 
     @property
     def prompts_per_step(self) -> int:
         return self.rollout.batch_size // self.rollout.group_size
-
-
-def check_batch_arithmetic(cfg: Config, world_size: int) -> None:
-    """Raise ValueError spelling out the arithmetic when batch settings do not fit together."""
-    r, a, t = cfg.rollout, cfg.algo, cfg.train
-    if r.batch_size % r.group_size:
-        raise ValueError(
-            f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size} "
-            f"({r.batch_size} / {r.group_size} = {r.batch_size / r.group_size:g}); every prompt needs a full group. "
-            f"Use a multiple of {r.group_size}, e.g. {max(1, r.batch_size // r.group_size) * r.group_size}."
-        )
-    prompts = r.batch_size // r.group_size
-    if prompts % world_size:
-        raise ValueError(
-            f"rollout.batch_size / rollout.group_size = {prompts} prompts per step cannot be split evenly over "
-            f"{world_size} ranks ({prompts} / {world_size} = {prompts / world_size:g})."
-        )
-    if r.batch_size % a.minibatches:
-        raise ValueError(
-            f"rollout.batch_size={r.batch_size} is not divisible by algo.minibatches={a.minibatches} "
-            f"({r.batch_size} / {a.minibatches} = {r.batch_size / a.minibatches:g})."
-        )
-    per_rank_minibatch = r.batch_size // a.minibatches // world_size
-    if per_rank_minibatch % t.micro_batch_size:
-        raise ValueError(
-            f"the mini-batch of rollout.batch_size / algo.minibatches{' / world_size' if world_size > 1 else ''} = "
-            f"{per_rank_minibatch} sequences is not divisible by train.micro_batch_size={t.micro_batch_size} "
-            f"({per_rank_minibatch} / {t.micro_batch_size} = {per_rank_minibatch / t.micro_batch_size:g}). "
-            f"Pick a micro_batch_size that divides {per_rank_minibatch}."
-        )
 
 
 def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:

@@ -53,6 +53,35 @@ class FaultInjector:
             while True:  # no heartbeats from here on: the supervisor must notice
                 time.sleep(3600)
 
+    def weight_sync_drill(self, step: int) -> str | None:
+        """The weight push after step `step`'s update: "skip" it, keep the engine's "stale_prefix_cache", or
+        None (a real push). The weight-sync check must catch both drills."""
+        c = self.cfg
+        if (
+            c.skip_weight_sync_at_step
+            and c.skip_weight_sync_at_step == step
+            and self._fire("skip_weight_sync_at_step", step)
+        ):
+            return "skip"
+        if (
+            c.stale_prefix_cache_at_step
+            and c.stale_prefix_cache_at_step == step
+            and self._fire("stale_prefix_cache_at_step", step)
+        ):
+            return "stale_prefix_cache"
+        return None
+
+    def before_sampling(self, step: int, sampler: object) -> None:
+        """kill_engine_at_step: SIGKILL the sampling engine's process as step `step` starts sampling."""
+        pid = getattr(sampler, "engine_pid", None)
+        if (
+            self.cfg.kill_engine_at_step
+            and self.cfg.kill_engine_at_step == step
+            and pid
+            and self._fire("kill_engine_at_step", step, pid=pid)
+        ):
+            os.kill(pid, signal.SIGKILL)
+
     def save_forced(self, step: int) -> bool:
         """True when a drill needs a checkpoint at this step even if the interval does not call for one."""
         return (

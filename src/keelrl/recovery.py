@@ -28,6 +28,7 @@ from keelrl.guards.engine import Guardian
 from keelrl.models import model_summary, save_hf_dir
 from keelrl.run import CheckpointStop, GuardStop, Run
 from keelrl.state import TrainState
+from keelrl.weight_sync import sync_sampler
 
 
 def save_checkpoint(
@@ -255,7 +256,7 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
                 path.rename(path.with_name(f"rolled_back-{path.name}-r{guards['rollbacks']}"))
     run.run_dir.truncate_after(state.step)
     run.live.history = [r for r in run.live.history if int(r.get("step", -1)) <= state.step]
-    run.sync_sampler(state)
+    sync_sampler(run, state, state.step)
     run.event(
         "rollback",
         from_step,

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from keelrl import checkpoint as ckpt
 from keelrl.config import Config
 from keelrl.curriculum import ProblemSource
-from keelrl.distributed import World, broadcast_object, full_state_dict, is_sharded
+from keelrl.distributed import World, broadcast_object, is_sharded
 from keelrl.faults import FaultInjector
 from keelrl.guards.engine import Guardian
 from keelrl.monitor.run_dir import RunDir
@@ -30,7 +30,6 @@ from keelrl.monitor.run_lock import RunLock
 from keelrl.monitor.sinks import ConsoleSink, Sink
 from keelrl.rollout import Sampler, SamplingSettings
 from keelrl.rollout.episodes import Prompter
-from keelrl.rollout.weights import untied_state_dict
 from keelrl.state import TrainState
 from keelrl.supervisor import EXIT_CANNOT_SAVE, EXIT_GUARD_STOP, Heartbeat
 from keelrl.tasks import Task
@@ -119,9 +118,3 @@ class Run:
     def whole_policy(self, state: TrainState) -> PreTrainedModel:
         """The policy with whole weights: itself, or the sampler's copy (kept in sync) when it is sharded."""
         return self.sampler_model if is_sharded(state.policy) else state.policy
-
-    def sync_sampler(self, state: TrainState) -> None:
-        """Hand the sampler the current weights and policy version (a sharded policy is gathered first)."""
-        if is_sharded(state.policy):
-            self.sampler_model.load_state_dict(full_state_dict(state.policy))
-        self.sampler.update_weights(untied_state_dict(self.sampler_model).items(), state.policy_version)

@@ -17,7 +17,8 @@ import torch
 from transformers import PreTrainedModel
 
 from keelrl import checkpoint as ckpt
-from keelrl.config import Config, check_batch_arithmetic, config_to_dict
+from keelrl.config import Config, config_to_dict
+from keelrl.config_checks import check_batch_arithmetic
 from keelrl.curriculum import make_source
 from keelrl.distributed import World, broadcast_object, init_world, wrap_for_training
 from keelrl.faults import FaultInjector
@@ -33,6 +34,7 @@ from keelrl.run import Live, ResumeError, Run
 from keelrl.state import TrainState
 from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, pulse
 from keelrl.tasks import get_task
+from keelrl.weight_sync import sync_sampler
 
 ResumeMode = Literal["auto", "never"]
 
@@ -186,7 +188,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             if c.async_save
             else None,
         )
-        run.sync_sampler(state)
+        sync_sampler(run, state, state.step)
         run.ckpt_policy.observe_failures(*observed_failures(run_dir))
         if world.is_writer:
             run_dir.write_config(config_dict)

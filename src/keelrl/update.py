@@ -33,6 +33,7 @@ from keelrl.run import Run
 from keelrl.seeds import stable_hash
 from keelrl.state import TrainState
 from keelrl.supervisor import pulse
+from keelrl.weight_sync import sync_sampler
 
 
 def advantage_phase(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, float], float]:
@@ -254,13 +255,14 @@ def update_phase(
         warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
         state.scheduler.step()
     state.policy_version += 1
-    run.sync_sampler(state)
+    sync = sync_sampler(run, state, state.step + 1)
     passes = a.ppo_epochs * a.minibatches
     out = {k: v / passes for k, v in sums.items()}
     out["ratio/max"] = ratio_max
     out["lr"] = lr
     out["guard/skipped_updates"] = float(skipped)
     out["guard/nonfinite_updates"] = float(nonfinite)
+    out.update(sync)
     return out
 
 

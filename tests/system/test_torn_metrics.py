@@ -9,10 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
-from .conftest import Drill, assert_same_run, events
 
 from keelrl.faults import InjectedFault
 from keelrl.trainer import train
+
+from .conftest import Drill, assert_same_run, events
 
 
 def test_torn_last_metrics_line_is_counted_and_its_step_redone(

@@ -1,10 +1,12 @@
-"""Sampling: the `Sampler` protocol (types.py) and its engines (hf.py: `HFSampler`, in process; ray.py:
-`SamplerPool` and the reward `ScorerPool`), prompts.py (`render_prompt`), weights.py (a policy's weights as
-named tensors), and `make_sampler`, how everything outside this package gets a sampler.
+"""Sampling: the `Sampler` protocol (types.py) and its engines (hf.py: `HFSampler`, in process; vllm.py:
+`VLLMSampler`, a vLLM engine process; ray.py: `SamplerPool` and the reward `ScorerPool`), prompts.py
+(`render_prompt`), weights.py (a policy's weights as named tensors), sync_check.py (is the engine sampling
+the trainer's weights?), and `make_sampler`, how everything outside this package gets a sampler.
 
-`SAMPLERS` maps `distributed.sampler` to a factory `(cfg, model, tokenizer, on_progress) -> Sampler`. A
-factory imports its engine when called, and this module does not import hf.py: a Ray scoring actor imports
-`keelrl.rollout.ray` and must not pay for torch and transformers.
+`SAMPLERS` maps a sampler kind (`sampler_kind`: "ray" when `distributed.sampler = "ray"`, else
+`rollout.engine`) to a factory `(cfg, model, tokenizer, on_progress) -> Sampler`. A factory imports its
+engine when called, and this module does not import hf.py: a Ray scoring actor imports `keelrl.rollout.ray`
+and must not pay for torch and transformers.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SAMPLERS", "FinishReason", "Generation", "Rollout", "Sampler", "SamplingSettings", "make_sampler",
-    "render_prompt", "resolve_template",
+    "render_prompt", "resolve_template", "sampler_kind",
 ]  # fmt: skip
 
 Progress = Callable[[], None] | None
@@ -60,14 +62,26 @@ def _ray(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progress:
     )
 
 
-SAMPLERS: dict[str, Callable[..., Sampler]] = {"local": _local, "ray": _ray}
+def _vllm(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress) -> Sampler:
+    """A vLLM engine process on `model`'s architecture (`[vllm]`); weights arrive by `update_weights`."""
+    from keelrl.rollout.vllm import VLLMSampler
+
+    return VLLMSampler(model, tokenizer, cfg.vllm, on_progress)
+
+
+SAMPLERS: dict[str, Callable[..., Sampler]] = {"hf": _local, "vllm": _vllm, "ray": _ray}
+
+
+def sampler_kind(cfg: Config | None) -> str:
+    """Which `SAMPLERS` entry `cfg` asks for (`cfg` None: the in-process sampler)."""
+    if cfg is None:
+        return "hf"
+    return "ray" if cfg.distributed.sampler == "ray" else cfg.rollout.engine
 
 
 def make_sampler(
     cfg: Config | None, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress = None
 ) -> Sampler:
-    """The sampler `cfg.distributed.sampler` names (`cfg` None: in-process, defaults). It has no weights
-    until `update_weights`, except the in-process one, which samples `model`. `on_progress`: a heartbeat."""
-    return SAMPLERS[cfg.distributed.sampler if cfg is not None else "local"](
-        cfg, model, tokenizer, on_progress
-    )
+    """The sampler `cfg` names (`sampler_kind`; `cfg` None: in-process, defaults). It has no weights until
+    `update_weights`, except the in-process one, which samples `model`. `on_progress`: a heartbeat."""
+    return SAMPLERS[sampler_kind(cfg)](cfg, model, tokenizer, on_progress)

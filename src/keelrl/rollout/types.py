@@ -67,7 +67,8 @@ class Rollout:
 
 
 class Sampler(Protocol):
-    """Generates completions. Engines: HFSampler (in-process), SamplerPool (Ray actors); see `SAMPLERS`."""
+    """Generates completions. Engines: HFSampler (in-process), VLLMSampler (a vLLM process), SamplerPool (Ray
+    actors); see `SAMPLERS`."""
 
     def generate(
         self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]

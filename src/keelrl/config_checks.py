@@ -1,0 +1,63 @@
+"""Checks of a whole `Config` that no single field can make (`Config` runs them on validation; `setup` runs
+the batch arithmetic again once the world size is known)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keelrl.config import Config
+
+
+def check_batch_arithmetic(cfg: Config, world_size: int) -> None:
+    """Raise ValueError spelling out the arithmetic when batch settings do not fit together."""
+    r, a, t = cfg.rollout, cfg.algo, cfg.train
+    if r.batch_size % r.group_size:
+        raise ValueError(
+            f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size} "
+            f"({r.batch_size} / {r.group_size} = {r.batch_size / r.group_size:g}); every prompt needs a full group. "
+            f"Use a multiple of {r.group_size}, e.g. {max(1, r.batch_size // r.group_size) * r.group_size}."
+        )
+    prompts = r.batch_size // r.group_size
+    if prompts % world_size:
+        raise ValueError(
+            f"rollout.batch_size / rollout.group_size = {prompts} prompts per step cannot be split evenly over "
+            f"{world_size} ranks ({prompts} / {world_size} = {prompts / world_size:g})."
+        )
+    if r.batch_size % a.minibatches:
+        raise ValueError(
+            f"rollout.batch_size={r.batch_size} is not divisible by algo.minibatches={a.minibatches} "
+            f"({r.batch_size} / {a.minibatches} = {r.batch_size / a.minibatches:g})."
+        )
+    per_rank_minibatch = r.batch_size // a.minibatches // world_size
+    if per_rank_minibatch % t.micro_batch_size:
+        raise ValueError(
+            f"the mini-batch of rollout.batch_size / algo.minibatches{' / world_size' if world_size > 1 else ''} = "
+            f"{per_rank_minibatch} sequences is not divisible by train.micro_batch_size={t.micro_batch_size} "
+            f"({per_rank_minibatch} / {t.micro_batch_size} = {per_rank_minibatch / t.micro_batch_size:g}). "
+            f"Pick a micro_batch_size that divides {per_rank_minibatch}."
+        )
+
+
+def check_engine(cfg: Config) -> None:
+    """Raise ValueError when `cfg` (a Config) asks the vLLM engine for something it does not do."""
+    r, v = cfg.rollout, cfg.vllm
+    if r.engine != "vllm":
+        return
+    if r.top_p < 1.0 or r.top_k > 0:
+        raise ValueError(
+            f"rollout.engine = 'vllm' with rollout.top_p = {r.top_p}, top_k = {r.top_k}: vLLM's log-probs are then "
+            "renormalised over the kept tokens, while the trainer uses the whole tempered distribution, so the PPO "
+            "ratio would be biased. Use top_p = 1.0 and top_k = 0 with the vLLM engine."
+        )
+    if cfg.distributed.sampler == "ray":
+        raise ValueError(
+            "rollout.engine = 'vllm' with distributed.sampler = 'ray': vLLM engines as Ray actors are not built "
+            "yet. Use distributed.sampler = 'local' (one engine process per trainer rank)."
+        )
+    if v.dtype != "float32" and cfg.algo.old_logprobs == "sampler":
+        raise ValueError(
+            f"vllm.dtype = '{v.dtype}' with algo.old_logprobs = 'sampler': a {v.dtype} engine's log-probs differ from "
+            "the trainer's by ~0.03 nats per token, too much for the PPO ratio's denominator. Set "
+            "algo.old_logprobs = 'recompute' (or vllm.dtype = 'float32')."
+        )

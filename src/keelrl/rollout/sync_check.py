@@ -1,0 +1,48 @@
+"""Checking a weight push: the engine samples a few tokens of fixed probe prompts, the trainer scores the same
+tokens, and the gap between the two log-probs says whether the engine samples from the trainer's weights.
+
+Why sampled tokens and not `prompt_logprobs`: a probe must go through the path the rollouts take. vLLM's
+prompt log-probs skip the prefix cache, so they would not see a cache that still holds keys and values of the
+old weights; sampling the probe does (the probe prompts are the same every time, so they are in the cache).
+
+Worked numbers (test_sync_check.py): trainer [[-1.0, -2.0], [-0.5]], engine [[-1.1, -2.0], [-0.2]] ->
+per-token |gap| 0.1, 0.0, 0.3 -> max 0.3, mean 0.4 / 3 = 0.1333 (a token mean: long probes weigh more).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class SyncGap:
+    max: float  # largest |trainer - engine| log-prob over the probe's tokens (nats)
+    mean: float  # token mean of the same
+    tokens: int
+
+
+def logprob_gap(trainer: list[list[float]], engine: list[list[float]]) -> SyncGap:
+    """Per-token |trainer - engine| over rows of possibly different lengths (the same lengths row by row)."""
+    gaps = [abs(a - b) for tr, en in zip(trainer, engine, strict=True) for a, b in zip(tr, en, strict=True)]
+    if not gaps:
+        return SyncGap(0.0, 0.0, 0)
+    return SyncGap(max(gaps), sum(gaps) / len(gaps), len(gaps))
+
+
+def trainer_logprobs(
+    model: PreTrainedModel, prompt: list[int], completion: list[int], temperature: float
+) -> list[float]:
+    """The trainer's log-probs of `completion` after `prompt`: log softmax(logits / T), float32 (T = 0:
+    greedy, scored at T = 1 as the samplers report it). One unpadded row: exact, and a probe is small."""
+    if not completion:
+        return []
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + completion], device=device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [N, V]
+    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    target = torch.tensor(completion, device=device)[:, None]
+    return logp.gather(-1, target).squeeze(-1).tolist()

@@ -1,0 +1,154 @@
+"""The vLLM engine process: `python -m keelrl.rollout.vllm_server FD` (started by `VLLMSampler`, never by
+hand). It holds one in-process `vllm.LLM` and answers the sampler over the socket it inherited as FD.
+
+Why a process of its own: vLLM pins its threads for the whole process it runs in (on CPU `torch.set_num_threads`
+becomes a no-op and it wants OMP_NUM_THREADS=1), and a crashed or hung engine must be killable without
+killing the trainer. The engine dies with its parent (PR_SET_PDEATHSIG) and is restarted by it.
+
+Messages (pickled tuples; every request gets one reply, `("error", text)` when it raised):
+- ("generate", prompts, settings, seeds, stop_ids) -> ("progress",)* then ("done", [(ids, logprobs, finish)])
+- ("load", path, reset_prefix_cache) -> ("done", seconds): weights from a safetensors file, in place
+- ("sleep",) / ("wake",) -> ("done", None): GPU sleep mode level 1 (weights offloaded) and back
+- ("close",) -> ("done", None), then the process exits
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+PROGRESS_EVERY_S = 0.5  # how often a long generate reports that it is alive (the trainer's heartbeat)
+
+
+def serve(conn: Connection, spec: dict[str, Any]) -> None:
+    from vllm import LLM
+
+    llm = LLM(
+        model=spec["model_dir"],
+        dtype=spec["dtype"],
+        max_model_len=spec["max_model_len"] or None,
+        seed=0,
+        enforce_eager=spec["enforce_eager"],
+        skip_tokenizer_init=True,  # token ids in, token ids out: nothing is re-tokenised
+        load_format="dummy",  # the real weights are pushed before the first generate
+        logprobs_mode="processed_logprobs",  # log softmax(logits / T): what the trainer computes
+        block_size=spec["block_size"] or None,
+        gpu_memory_utilization=spec["gpu_memory_utilization"],
+        tensor_parallel_size=spec["tensor_parallel_size"],
+        enable_sleep_mode=spec["sleep_between_steps"],
+    )
+    conn.send(("ready", {"pid": os.getpid()}))
+    while True:
+        msg = conn.recv()
+        try:
+            if msg[0] == "generate":
+                conn.send(("done", _generate(llm, conn, *msg[1:])))
+            elif msg[0] == "load":
+                conn.send(("done", _load(llm, spec["tied_embeddings"], *msg[1:])))
+            elif msg[0] == "sleep":
+                llm.sleep(level=1)
+                conn.send(("done", None))
+            elif msg[0] == "wake":
+                llm.wake_up()
+                conn.send(("done", None))
+            elif msg[0] == "close":
+                conn.send(("done", None))
+                return
+            else:
+                conn.send(("error", f"unknown request {msg[0]!r}"))
+        except Exception:  # the request failed, the engine lives: the sampler raises the text
+            conn.send(("error", traceback.format_exc()))
+
+
+def _generate(
+    llm: Any,
+    conn: Connection,
+    prompts: list[list[int]],
+    settings: dict[str, Any],
+    seeds: list[int],
+    stop: list[int],
+) -> list[tuple[list[int], list[float], str]]:
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    for i, (ids, seed) in enumerate(zip(prompts, seeds)):
+        params = SamplingParams(
+            max_tokens=settings["max_new_tokens"],
+            temperature=settings["temperature"],
+            top_p=settings["top_p"],
+            top_k=settings["top_k"] or 0,
+            seed=int(seed) % (2**63),
+            logprobs=0,  # the sampled token's own log-prob
+            stop_token_ids=stop,
+            detokenize=False,
+        )
+        engine.add_request(str(i), {"prompt_token_ids": list(ids)}, params)
+    results: dict[int, tuple[list[int], list[float], str]] = {}
+    last = time.monotonic()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                c = out.outputs[0]
+                ids = list(c.token_ids)
+                logps = [float(d[t].logprob) for d, t in zip(c.logprobs, ids)]
+                results[int(out.request_id)] = (
+                    ids,
+                    logps,
+                    "length" if c.finish_reason == "length" else "eos",
+                )
+        if time.monotonic() - last > PROGRESS_EVERY_S:
+            conn.send(("progress",))
+            last = time.monotonic()
+    return [results[i] for i in range(len(prompts))]
+
+
+def _load(llm: Any, tied: bool, path: str, reset_prefix_cache: bool) -> float:
+    """Load a safetensors file into the running engine (the checkpoint-format path, which also works where
+    vLLM repacks weights for its kernels, as on CPU). A model with tied embeddings gets the embedding as its
+    head too: the file holds it once, and the engine's head would otherwise keep its old values."""
+    from safetensors.torch import load_file
+
+    t0 = time.perf_counter()
+    weights = load_file(path)
+    if tied and "lm_head.weight" not in weights:
+        embed = [k for k in weights if k.endswith("embed_tokens.weight")]
+        if embed:
+            weights["lm_head.weight"] = weights[embed[0]]
+    llm.collective_rpc(
+        "reload_weights", kwargs={"weights_iterator": list(weights.items()), "is_checkpoint_format": True}
+    )
+    if reset_prefix_cache:
+        llm.reset_prefix_cache()  # vLLM keeps KV computed with the old weights otherwise
+    return time.perf_counter() - t0
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the trainer that started it dies (also by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+def main() -> None:
+    import json
+
+    _die_with_parent()
+    conn = Connection(int(sys.argv[1]))
+    spec = json.loads(os.environ["KEELRL_ENGINE_SPEC"])
+    try:
+        serve(conn, spec)
+    except (EOFError, ConnectionError):  # the sampler went away: nothing to answer
+        pass
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        raise
+
+
+if __name__ == "__main__":
+    main()
