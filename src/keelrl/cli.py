@@ -116,7 +116,14 @@ def _print_outcome(run_dir: Path) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from keelrl.demo import run_demo
 
-    run_demo(seed=args.seed, minutes=args.minutes, model=args.model, out=Path(args.out), threads=args.threads)
+    run_demo(
+        seed=args.seed,
+        minutes=args.minutes,
+        model=args.model,
+        out=Path(args.out),
+        threads=args.threads,
+        engine=args.engine,
+    )
     return 0
 
 
@@ -243,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["tiny", "smollm2"],
         default="tiny",
         help="smollm2: RL SmolLM2-135M-Instruct (no pretraining)",
+    )
+    m.add_argument(
+        "--engine", choices=["hf", "vllm"], default="hf", help="what samples during RL (rollout.engine)"
     )
     m.add_argument("--out", default="runs/demo", help="output directory")
     m.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")

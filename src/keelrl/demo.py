@@ -226,11 +226,17 @@ def demo_rl_config(
 
 
 def run_demo(
-    seed: int = 0, minutes: float = 12.0, model: str = "tiny", out: str | Path = "runs/demo", threads: int = 1
+    seed: int = 0,
+    minutes: float = 12.0,
+    model: str = "tiny",
+    out: str | Path = "runs/demo",
+    threads: int = 1,
+    engine: str = "hf",
 ) -> dict[str, Any]:
     """The whole lifecycle; returns (and writes to OUT/summary.json) the before/after numbers. `threads`:
     torch's CPU threads, default one: the tiny model's kernels are too small for a second to pay much, and
-    OpenMP threads stall badly (10x measured here) when another program competes for the cores."""
+    OpenMP threads stall badly (10x measured here) when another program competes for the cores. `engine`:
+    what samples during RL (rollout.engine); the evaluations before and after always use keelrl's sampler."""
     if threads > 0:
         torch.set_num_threads(threads)
     from keelrl.config import config_from_dict
@@ -276,12 +282,13 @@ def run_demo(
         template = "compact"
         base_path = str(base_dir)
         rl = demo_rl_config(base_path, task_params, plan.rl_steps, plan.eval_every, seed)
+        rl["rollout"]["engine"] = engine
     elif model == "smollm2":
         task_params = SMOLLM2_TASK_PARAMS
         task = get_task("countdown", **task_params)
         template = "chat"
         base_path = "smollm2"
-        rl = smollm2_rl_config(task_params, minutes, seed)
+        rl = smollm2_rl_config(task_params, minutes, seed, engine)
     else:
         raise ValueError(f"--model must be 'tiny' or 'smollm2', got {model!r}")
 
@@ -303,15 +310,29 @@ def run_demo(
     return _summarize(console, out, seed, chance, base_report, final_report, summary_rl, t_start)
 
 
-def smollm2_rl_config(task_params: dict[str, Any], minutes: float, seed: int) -> dict[str, Any]:
+# Seconds per RL step of the SmolLM2 demo on one thread here, by rollout.engine (docs/RESULTS.md): what
+# `--minutes` is turned into a fixed step count with.
+SMOLLM2_STEP_S = {"hf": 20.0, "vllm": 12.0}
+
+
+def smollm2_rl_config(
+    task_params: dict[str, Any], minutes: float, seed: int, engine: str = "hf"
+) -> dict[str, Any]:
     """RL for SmolLM2-135M-Instruct on two-number Countdown, answer only (it cannot yet reason in text): chat
-    template, 32 completions per step at temperature 0.7, low lr; ~20 s per step on one thread here."""
-    steps = max(2, int(minutes * 60 / 20))
+    template, 32 completions per step at temperature 0.7, low lr; ~20 s per step on one thread here with
+    keelrl's sampler (`SMOLLM2_STEP_S`: the vLLM engine's steps are shorter, so it gets more of them)."""
+    steps = max(2, int(minutes * 60 / SMOLLM2_STEP_S[engine]))
     every = max(1, steps // 4)
     return {
         "model": {"path": "smollm2"},
         "task": {"name": "countdown", "template": "chat", "params": task_params, "seed": 0},
-        "rollout": {"batch_size": 32, "group_size": 8, "max_new_tokens": 16, "temperature": 0.7},
+        "rollout": {
+            "batch_size": 32,
+            "group_size": 8,
+            "max_new_tokens": 16,
+            "temperature": 0.7,
+            "engine": engine,
+        },
         "algo": {"lr": 2e-6, "advantage": "grpo", "loss_agg": "token_mean", "clip_high": 0.28},
         "train": {"steps": steps, "micro_batch_size": 8, "seed": seed, "threads": torch.get_num_threads()},
         "eval": {"every_steps": every, "problems": 100, "at_start": True, "batch_size": 50},

@@ -6,7 +6,7 @@ held-out prompts (two KV blocks long at least, so they sit in the prefix cache f
 pushed again with the cache reset, and the check is redone; failing twice raises `WeightSyncError`, and the
 supervisor restarts the worker from the last checkpoint, so a run never trains on rollouts from unknown weights.
 
-Metrics: sync/time_s (push and check), sync/gap_max and sync/gap_mean (the check that let the step go on),
+Metrics: time/sync_s (push and check), sync/gap_max and sync/gap_mean (the check that let the step go on),
 sync/retries.
 """
 
@@ -37,7 +37,7 @@ def sync_sampler(run: Run, state: TrainState, step: int) -> dict[str, float]:
     checked = getattr(run.sampler, "checks_sync", False) and run.cfg.vllm.sync_check_prompts > 0
     push(run, state, run.faults.weight_sync_drill(step) if checked else None)
     if not checked:
-        return {"sync/time_s": time.perf_counter() - t0}
+        return {"time/sync_s": time.perf_counter() - t0}
     tolerance = run.cfg.vllm.tolerance
     gap, retries = probe(run, state), 0
     if gap.mean > tolerance:
@@ -65,7 +65,7 @@ def sync_sampler(run: Run, state: TrainState, step: int) -> dict[str, float]:
             )
         run.event("weight_sync_recovered", step, gap_mean=round(gap.mean, 6), gap_max=round(gap.max, 6))
     return {
-        "sync/time_s": time.perf_counter() - t0,
+        "time/sync_s": time.perf_counter() - t0,
         "sync/gap_max": gap.max,
         "sync/gap_mean": gap.mean,
         "sync/retries": float(retries),

@@ -6,7 +6,7 @@
   vLLM's "processed" ones, log softmax(logits / T), which is what the trainer computes (top-p < 1 or
   top-k > 0 would renormalise them: `config_checks.check_engine` refuses that).
 - Weights: `update_weights` writes the named tensors to one safetensors file in the engine's scratch folder
-  (under /dev/shm when there is one) and the engine reloads them in place, then empties its prefix cache:
+  (under /dev/shm when it has room) and the engine reloads them in place, then empties its prefix cache:
   vLLM keeps keys/values computed with the old weights otherwise. `weight_sync.py` then checks the result.
 - Lifecycle: an engine process that dies (or is killed) is restarted, given the newest weights file, and the
   call is redone with the same seeds, at most `vllm.max_restarts` times per call; `take_replaced` reports
@@ -82,8 +82,8 @@ class VLLMSampler:
         self.settings = settings
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.on_progress = on_progress if on_progress is not None else lambda: None
-        scratch = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.workdir = Path(tempfile.mkdtemp(prefix="keelrl-vllm-", dir=scratch))
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.workdir = Path(tempfile.mkdtemp(prefix="keelrl-vllm-", dir=scratch_dir(2 * weight_bytes)))
         model.config.save_pretrained(
             self.workdir / "model"
         )  # the architecture; weights come by update_weights
@@ -257,6 +257,15 @@ class VLLMSampler:
         except OSError:
             return "(no engine log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+def scratch_dir(needed_bytes: int) -> str | None:
+    """/dev/shm (memory: the weights file is written and read at memory speed) when it is writable and has
+    room (a container's is often 64 MB), else the default temporary directory (None)."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > needed_bytes:
+        return shm
+    return None
 
 
 def _cleanup(procs: list[subprocess.Popen[bytes] | None], workdir: Path) -> None:

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -42,26 +43,23 @@ def serve(conn: Connection, spec: dict[str, Any]) -> None:
         enable_sleep_mode=spec["sleep_between_steps"],
     )
     conn.send(("ready", {"pid": os.getpid()}))
+    handlers: dict[str, Callable[..., Any]] = {
+        "generate": lambda *args: _generate(llm, conn, *args),
+        "load": lambda *args: _load(llm, spec["tied_embeddings"], *args),
+        "sleep": lambda: llm.sleep(level=1),
+        "wake": lambda: llm.wake_up(),
+        "close": lambda: None,
+    }
     while True:
-        msg = conn.recv()
+        kind, *args = conn.recv()
         try:
-            if msg[0] == "generate":
-                conn.send(("done", _generate(llm, conn, *msg[1:])))
-            elif msg[0] == "load":
-                conn.send(("done", _load(llm, spec["tied_embeddings"], *msg[1:])))
-            elif msg[0] == "sleep":
-                llm.sleep(level=1)
-                conn.send(("done", None))
-            elif msg[0] == "wake":
-                llm.wake_up()
-                conn.send(("done", None))
-            elif msg[0] == "close":
-                conn.send(("done", None))
-                return
-            else:
-                conn.send(("error", f"unknown request {msg[0]!r}"))
+            if kind not in handlers:
+                raise ValueError(f"unknown request {kind!r}")
+            conn.send(("done", handlers[kind](*args)))
         except Exception:  # the request failed, the engine lives: the sampler raises the text
             conn.send(("error", traceback.format_exc()))
+        if kind == "close":
+            return
 
 
 def _generate(
