@@ -78,6 +78,40 @@ def format_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vllm_run(tmp_path_factory) -> list[str]:
+    """--set overrides for a tiny multiplication run on the vLLM engine whose rewards vary: a format model
+    as above, with head_dim 32 (vLLM's CPU attention refuses smaller heads)."""
+    from keelrl.demo import pretrain
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(VLLM_TINY, len(tok), tok.eos_token_id)
+    pretrain(model, tok, _multiply_line, steps=60, batch_size=64, lr=1e-2, seed=0)
+    out = tmp_path_factory.mktemp("vllm_format_model")
+    save_hf_dir(model, tok, out)
+    return [
+        f'model.path="{out}"',
+        *[o for o in FORMAT_RUN if not o.startswith("algo.lr")],
+        'rollout.engine="vllm"',
+        "algo.lr=5e-4",  # 3e-3 collapses this wider model in one step (then no push changes anything)
+        "train.steps=4",
+        "eval.at_start=false",
+        "eval.every_steps=0",
+        "eval.problems=8",
+        "checkpoint.every_steps=2",
+        "log.rollouts_per_step=16",
+    ]
+
+
+VLLM_TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, max_positions=128, init_seed=3)
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny() -> TinyModelConfig:
+    """The tiny model shape the vLLM tests use (head_dim 32)."""
+    return VLLM_TINY
+
+
+@pytest.fixture(scope="session")
 def format_run(format_model_dir: Path) -> list[str]:
     """--set overrides for a tiny RL run on 1-digit multiplication from `format_model_dir`."""
     return [f'model.path="{format_model_dir}"', *FORMAT_RUN]

@@ -57,17 +57,9 @@ class FaultInjector:
         """The weight push after step `step`'s update: "skip" it, keep the engine's "stale_prefix_cache", or
         None (a real push). The weight-sync check must catch both drills."""
         c = self.cfg
-        if (
-            c.skip_weight_sync_at_step
-            and c.skip_weight_sync_at_step == step
-            and self._fire("skip_weight_sync_at_step", step)
-        ):
+        if 0 < c.skip_weight_sync_at_step == step and self._fire("skip_weight_sync_at_step", step):
             return "skip"
-        if (
-            c.stale_prefix_cache_at_step
-            and c.stale_prefix_cache_at_step == step
-            and self._fire("stale_prefix_cache_at_step", step)
-        ):
+        if 0 < c.stale_prefix_cache_at_step == step and self._fire("stale_prefix_cache_at_step", step):
             return "stale_prefix_cache"
         return None
 
@@ -75,9 +67,8 @@ class FaultInjector:
         """kill_engine_at_step: SIGKILL the sampling engine's process as step `step` starts sampling."""
         pid = getattr(sampler, "engine_pid", None)
         if (
-            self.cfg.kill_engine_at_step
-            and self.cfg.kill_engine_at_step == step
-            and pid
+            pid
+            and 0 < self.cfg.kill_engine_at_step == step
             and self._fire("kill_engine_at_step", step, pid=pid)
         ):
             os.kill(pid, signal.SIGKILL)

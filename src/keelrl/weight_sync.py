@@ -97,9 +97,7 @@ def probe(run: Run, state: TrainState) -> SyncGap:
     seeds = [stable_hash("sync_probe", i) for i in range(len(prompts))]
     gens = run.sampler.generate(prompts, settings, seeds)
     model = run.whole_policy(state)
-    trainer = [
-        trainer_logprobs(model, p, g.completion_ids, settings.temperature) for p, g in zip(prompts, gens)
-    ]
+    trainer = trainer_logprobs(model, prompts, [g.completion_ids for g in gens], settings.temperature)
     return logprob_gap(trainer, [g.logprobs for g in gens])
 
 

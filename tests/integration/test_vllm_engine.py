@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from keelrl.config import TinyModelConfig, load_config
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.config import load_config
+from keelrl.models import build_char_tokenizer, build_tiny_model
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.sync_check import logprob_gap, trainer_logprobs
 from keelrl.rollout.vllm_config import VLLMConfig
@@ -29,8 +29,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make install-dev inst
 
 from keelrl.rollout.vllm import VLLMSampler
 
-TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, max_positions=128, init_seed=3)
-
 
 @pytest.fixture(scope="module")
 def tok():
@@ -38,8 +36,8 @@ def tok():
 
 
 @pytest.fixture(scope="module")
-def model(tok):
-    return build_tiny_model(TINY, len(tok), tok.eos_token_id).eval()
+def model(tok, vllm_tiny):
+    return build_tiny_model(vllm_tiny, len(tok), tok.eos_token_id).eval()
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +62,7 @@ def prompts(tok) -> list[list[int]]:
 
 
 def gap_to_trainer(model, prompt_ids, gens, temperature: float):
-    trainer = [trainer_logprobs(model, p, g.completion_ids, temperature) for p, g in zip(prompt_ids, gens)]
+    trainer = trainer_logprobs(model, prompt_ids, [g.completion_ids for g in gens], temperature)
     return logprob_gap(trainer, [g.logprobs for g in gens])
 
 
@@ -101,10 +99,10 @@ def test_seeds_reproduce_row_by_row(engine, tok) -> None:
     assert alone[0].logprobs == pytest.approx(first[2].logprobs, abs=1e-5)
 
 
-def test_new_weights_reach_the_engine_and_a_stale_prefix_cache_is_seen(engine, model, tok) -> None:
+def test_new_weights_reach_the_engine_and_a_stale_prefix_cache_is_seen(engine, model, tok, vllm_tiny) -> None:
     ps, settings = prompts(tok), SamplingSettings(24, 1.0)
     engine.generate(ps, settings, [1, 2, 3, 4])  # the prompts' keys/values are now in the prefix cache
-    moved = build_tiny_model(TINY.model_copy(update={"init_seed": 4}), len(tok), tok.eos_token_id).eval()
+    moved = build_tiny_model(vllm_tiny.model_copy(update={"init_seed": 4}), len(tok), tok.eos_token_id).eval()
     try:
         # the trap: new weights pushed, prefix cache kept -> the prompts' keys/values are the old weights'
         engine.update_weights(untied_state_dict(moved).items(), version=2, reset_prefix_cache=False)
@@ -130,45 +128,6 @@ def test_a_killed_engine_is_restarted_and_repeats_the_call(engine, tok) -> None:
 
 
 # -- training runs ---------------------------------------------------------------------------------------
-
-
-def _format_line(i: int) -> str:
-    import random
-
-    rng = random.Random(i)
-    a, b = rng.randint(1, 9), rng.randint(1, 9)
-    return f"{a}*{b}\n<answer>{rng.randint(1, 81)}</answer>"
-
-
-@pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory, tok) -> list[str]:
-    """--set overrides for a tiny multiplication run whose rewards vary (a model taught the answer format)."""
-    from keelrl.demo import pretrain
-
-    model = build_tiny_model(TINY, len(tok), tok.eos_token_id)
-    pretrain(model, tok, _format_line, steps=60, batch_size=64, lr=1e-2, seed=0)
-    out = tmp_path_factory.mktemp("vllm_format_model")
-    save_hf_dir(model, tok, out)
-    return [
-        f'model.path="{out}"',
-        'task.name="multiply"',
-        'task.template="compact"',
-        "task.params={digits_a = 1, digits_b = 1}",
-        "rollout.batch_size=16",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=24",
-        'rollout.engine="vllm"',
-        "algo.lr=5e-4",
-        "train.micro_batch_size=8",
-        "train.threads=1",
-        "train.steps=4",
-        "eval.at_start=false",
-        "eval.every_steps=0",
-        "eval.problems=8",
-        "checkpoint.every_steps=2",
-        "log.progress=false",
-        "log.rollouts_per_step=16",
-    ]
 
 
 def _train(overrides: list[str], run_dir: Path) -> dict[str, Any]:

@@ -40,21 +40,20 @@ def test_trainer_logprobs_are_tempered_log_softmax() -> None:
         TinyModelConfig(hidden_size=32, num_heads=4, max_positions=64), len(tok), 0
     ).eval()
     prompt, completion = tok.encode("ab"), tok.encode("cde")
+    # a longer row and a row with nothing sampled beside it: right padding must change nothing
+    prompts, completions = [prompt, tok.encode("xyzw"), prompt], [completion, tok.encode("vutsrq"), []]
     with torch.no_grad():
         logits = model(torch.tensor([prompt + completion])).logits[0].float()
     for temperature in (1.0, 0.7):
-        got = trainer_logprobs(model, prompt, completion, temperature)
+        got = trainer_logprobs(model, prompts, completions, temperature)
+        assert [len(g) for g in got] == [3, 6, 0]
         for k, token in enumerate(completion):  # position len(prompt) - 1 + k predicts completion[k]
             row = torch.log_softmax(logits[len(prompt) - 1 + k] / temperature, dim=-1)
-            assert got[k] == pytest.approx(float(row[token]), abs=1e-6)
+            assert got[0][k] == pytest.approx(float(row[token]), abs=1e-5)
     # temperature 0 (greedy) is scored at temperature 1, as both samplers report it
-    assert trainer_logprobs(model, prompt, completion, 0.0) == trainer_logprobs(
-        model, prompt, completion, 1.0
-    )
-    assert not math.isclose(
-        trainer_logprobs(model, prompt, completion, 0.7)[0],
-        trainer_logprobs(model, prompt, completion, 1.0)[0],
-    )
+    greedy = trainer_logprobs(model, prompts, completions, 0.0)
+    assert greedy == trainer_logprobs(model, prompts, completions, 1.0)
+    assert not math.isclose(greedy[0][0], trainer_logprobs(model, prompts, completions, 0.7)[0][0])
 
 
 def test_engine_config_checks() -> None:

@@ -33,16 +33,24 @@ def logprob_gap(trainer: list[list[float]], engine: list[list[float]]) -> SyncGa
 
 
 def trainer_logprobs(
-    model: PreTrainedModel, prompt: list[int], completion: list[int], temperature: float
-) -> list[float]:
-    """The trainer's log-probs of `completion` after `prompt`: log softmax(logits / T), float32 (T = 0:
-    greedy, scored at T = 1 as the samplers report it). One unpadded row: exact, and a probe is small."""
-    if not completion:
-        return []
+    model: PreTrainedModel, prompts: list[list[int]], completions: list[list[int]], temperature: float
+) -> list[list[float]]:
+    """The trainer's log-probs of each completion after its prompt: log softmax(logits / T), float32 (T = 0:
+    greedy, scored at T = 1 as the samplers report it). One forward over right-padded rows: with a causal
+    model, padding after a row's tokens changes none of its logits."""
+    rows = [p + c for p, c in zip(prompts, completions, strict=True)]
+    if not any(completions):
+        return [[] for _ in rows]
     device = next(model.parameters()).device
-    ids = torch.tensor([prompt + completion], device=device)
+    ids = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)  # [B, L]
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [N, V]
-    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
-    target = torch.tensor(completion, device=device)[:, None]
-    return logp.gather(-1, target).squeeze(-1).tolist()
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # [B, L, V]
+    out = []
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        scored = logits[i, len(p) - 1 : len(p) - 1 + len(c)]  # [N, V]: position t predicts token t + 1
+        logp = torch.log_softmax(scored / (temperature or 1.0), dim=-1)
+        out.append(logp.gather(-1, torch.tensor(c, device=device)[:, None]).squeeze(-1).tolist())
+    return out

@@ -5,9 +5,10 @@
   are keelrl's (`stop_token_ids`), the stop token is part of the completion as in `HFSampler`. Log-probs are
   vLLM's "processed" ones, log softmax(logits / T), which is what the trainer computes (top-p < 1 or
   top-k > 0 would renormalise them: `config_checks.check_engine` refuses that).
-- Weights: `update_weights` writes the named tensors to one safetensors file in the engine's scratch folder
-  (under /dev/shm when it has room) and the engine reloads them in place, then empties its prefix cache:
-  vLLM keeps keys/values computed with the old weights otherwise. `weight_sync.py` then checks the result.
+- Weights: `update_weights` copies the named tensors into one file both processes map (`SharedWeights`, in
+  the engine's scratch folder: /dev/shm when it has room), the engine reloads them in place from views of that
+  mapping (no serialisation, no second copy), then empties its prefix cache: vLLM keeps keys/values computed
+  with the old weights otherwise. `weight_sync.py` then checks the result.
 - Lifecycle: an engine process that dies (or is killed) is restarted, given the newest weights file, and the
   call is redone with the same seeds, at most `vllm.max_restarts` times per call; `take_replaced` reports
   restarts to the trainer (an event and `sampler/replaced_workers`). A hung engine stops sending progress,
@@ -19,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import socket
@@ -33,7 +35,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import save_file
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from keelrl.rollout.hf import stop_token_ids
@@ -41,7 +43,12 @@ from keelrl.rollout.types import Generation, SamplingSettings
 from keelrl.rollout.vllm_config import VLLMConfig
 from keelrl.rollout.weights import NamedTensors
 
-WEIGHTS_FILE = "weights.safetensors"
+WEIGHTS_FILE = "weights.bin"
+# the [vllm] settings the engine process passes to vllm.LLM (vllm_server.serve)
+ENGINE_ARGS = (
+    "dtype", "max_model_len", "block_size", "enforce_eager", "gpu_memory_utilization", "tensor_parallel_size",
+    "sleep_between_steps",
+)  # fmt: skip
 
 
 class EngineError(RuntimeError):
@@ -84,21 +91,15 @@ class VLLMSampler:
         self.on_progress = on_progress if on_progress is not None else lambda: None
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.workdir = Path(tempfile.mkdtemp(prefix="keelrl-vllm-", dir=scratch_dir(2 * weight_bytes)))
-        model.config.save_pretrained(
-            self.workdir / "model"
-        )  # the architecture; weights come by update_weights
+        model.config.save_pretrained(self.workdir / "model")  # the architecture; weights by update_weights
         self.spec = {
             "model_dir": str(self.workdir / "model"),
             "tied_embeddings": bool(getattr(model.config, "tie_word_embeddings", False)),
-            **{
-                k: v
-                for k, v in settings.model_dump().items()
-                if k in ("dtype", "max_model_len", "block_size", "enforce_eager", "gpu_memory_utilization")
-                or k in ("tensor_parallel_size", "sleep_between_steps")
-            },
+            **{k: getattr(settings, k) for k in ENGINE_ARGS},
         }
         self._version = 0
-        self._has_weights = False
+        self._weights = SharedWeights(self.workdir / WEIGHTS_FILE)
+        self._layout: Layout = []
         self._asleep = False
         self.replaced_total = 0
         self._replaced_new = 0
@@ -128,12 +129,8 @@ class VLLMSampler:
     def update_weights(self, weights: NamedTensors, version: int, reset_prefix_cache: bool = True) -> None:
         """Push `weights` into the engine and empty its prefix cache (`reset_prefix_cache` False only for the
         stale-cache drill). The file stays: a restarted engine loads it."""
-        named = dict(weights.items() if hasattr(weights, "items") else weights)
-        tmp = self.workdir / (WEIGHTS_FILE + ".tmp")
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in named.items()}, str(tmp))
-        os.replace(tmp, self.workdir / WEIGHTS_FILE)
-        self._has_weights = True
-        self._call_restarting(("load", str(self.workdir / WEIGHTS_FILE), reset_prefix_cache))
+        self._layout = self._weights.write(dict(weights.items() if hasattr(weights, "items") else weights))
+        self._call_restarting(("load", str(self._weights.path), self._layout, reset_prefix_cache))
         self._version = version
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -204,8 +201,8 @@ class VLLMSampler:
         self._replaced_new += 1
         self._asleep = False
         self._start()
-        if self._has_weights:
-            self._call(("load", str(self.workdir / WEIGHTS_FILE), True))
+        if self._layout:  # the newest weights are still in the shared file
+            self._call(("load", str(self._weights.path), self._layout, True))
 
     def _call_restarting(self, msg: tuple[Any, ...]) -> Any:
         for attempt in range(self.settings.max_restarts + 1):
@@ -257,6 +254,41 @@ class VLLMSampler:
         except OSError:
             return "(no engine log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+Layout = list[tuple[str, str, list[int], int]]  # (name, dtype, shape, byte offset) of each tensor in the file
+
+
+class SharedWeights:
+    """A file the trainer and the engine process both map. `write` copies named tensors into it (growing it
+    when needed) and returns their layout; the engine builds tensor views from the layout (`vllm_server`)."""
+
+    ALIGN = 64  # byte alignment of every tensor (any dtype's view needs its element size)
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = 0
+        self.map: mmap.mmap | None = None
+
+    def write(self, named: dict[str, torch.Tensor]) -> Layout:
+        layout: Layout = []
+        offset = 0
+        for name, t in named.items():
+            offset = -(-offset // self.ALIGN) * self.ALIGN
+            layout.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), offset))
+            offset += t.numel() * t.element_size()
+        if self.map is None or offset > self.size:
+            if self.map is not None:
+                self.map.close()
+            with open(self.path, "w+b") as f:
+                f.truncate(offset)
+                self.map = mmap.mmap(f.fileno(), offset)
+            self.size = offset
+        buf = torch.frombuffer(self.map, dtype=torch.uint8, count=self.size)
+        for (_, _, shape, start), t in zip(layout, named.values()):
+            n = t.numel() * t.element_size()
+            buf[start : start + n].view(t.dtype).view(shape).copy_(t.detach())
+        return layout
 
 
 def scratch_dir(needed_bytes: int) -> str | None:

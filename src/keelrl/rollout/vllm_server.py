@@ -7,7 +7,7 @@ killing the trainer. The engine dies with its parent (PR_SET_PDEATHSIG) and is r
 
 Messages (pickled tuples; every request gets one reply, `("error", text)` when it raised):
 - ("generate", prompts, settings, seeds, stop_ids) -> ("progress",)* then ("done", [(ids, logprobs, finish)])
-- ("load", path, reset_prefix_cache) -> ("done", seconds): weights from a safetensors file, in place
+- ("load", path, layout, reset_prefix_cache) -> ("done", seconds): weights from the shared file, in place
 - ("sleep",) / ("wake",) -> ("done", None): GPU sleep mode level 1 (weights offloaded) and back
 - ("close",) -> ("done", None), then the process exits
 """
@@ -104,14 +104,24 @@ def _generate(
     return [results[i] for i in range(len(prompts))]
 
 
-def _load(llm: Any, tied: bool, path: str, reset_prefix_cache: bool) -> float:
-    """Load a safetensors file into the running engine (the checkpoint-format path, which also works where
-    vLLM repacks weights for its kernels, as on CPU). A model with tied embeddings gets the embedding as its
-    head too: the file holds it once, and the engine's head would otherwise keep its old values."""
-    from safetensors.torch import load_file
+def _load(llm: Any, tied: bool, path: str, layout: list[Any], reset_prefix_cache: bool) -> float:
+    """Reload the weights in place from views of the file the sampler wrote (`SharedWeights`), through the
+    checkpoint-format path, which also works where vLLM repacks weights for its kernels, as on CPU. A model
+    with tied embeddings gets the embedding as its head too: the file holds it once, and the engine's head
+    would otherwise keep its old values."""
+    import mmap
+
+    import torch
 
     t0 = time.perf_counter()
-    weights = load_file(path)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: reads share the pages
+    buf = torch.frombuffer(mapped, dtype=torch.uint8)
+    weights: dict[str, torch.Tensor] = {}
+    for name, dtype, shape, start in layout:
+        dt = getattr(torch, dtype)
+        n = dt.itemsize * int(torch.Size(shape).numel())
+        weights[name] = buf[start : start + n].view(dt).view(shape)
     if tied and "lm_head.weight" not in weights:
         embed = [k for k in weights if k.endswith("embed_tokens.weight")]
         if embed:
@@ -121,7 +131,7 @@ def _load(llm: Any, tied: bool, path: str, reset_prefix_cache: bool) -> float:
     )
     if reset_prefix_cache:
         llm.reset_prefix_cache()  # vLLM keeps KV computed with the old weights otherwise
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0  # the mapping goes with the last view of it
 
 
 def _die_with_parent() -> None:
