@@ -310,9 +310,8 @@ def run_demo(
     return _summarize(console, out, seed, chance, base_report, final_report, summary_rl, t_start)
 
 
-# Seconds per RL step of the SmolLM2 demo on one thread here, by rollout.engine (docs/RESULTS.md): what
-# `--minutes` is turned into a fixed step count with.
-SMOLLM2_STEP_S = {"hf": 20.0, "vllm": 12.0}
+# seconds per RL step here on one thread; the vLLM engine measured the same (docs/RESULTS.md)
+SMOLLM2_STEP_S = 20.0
 
 
 def smollm2_rl_config(
@@ -320,8 +319,8 @@ def smollm2_rl_config(
 ) -> dict[str, Any]:
     """RL for SmolLM2-135M-Instruct on two-number Countdown, answer only (it cannot yet reason in text): chat
     template, 32 completions per step at temperature 0.7, low lr; ~20 s per step on one thread here with
-    keelrl's sampler (`SMOLLM2_STEP_S`: the vLLM engine's steps are shorter, so it gets more of them)."""
-    steps = max(2, int(minutes * 60 / SMOLLM2_STEP_S[engine]))
+    either engine (at 16 tokens per completion the update, not generation, is most of a step)."""
+    steps = max(2, int(minutes * 60 / SMOLLM2_STEP_S))
     every = max(1, steps // 4)
     return {
         "model": {"path": "smollm2"},

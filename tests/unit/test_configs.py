@@ -38,8 +38,10 @@ def test_smollm2_config_is_the_demo_smollm2_rl_stage() -> None:
     assert shipped == expected
 
 
-def test_smollm2_demo_with_the_vllm_engine_gets_more_steps_in_the_same_minutes() -> None:
-    hf = smollm2_rl_config(SMOLLM2_TASK_PARAMS, minutes=30, seed=0)
-    vllm = config_from_dict(smollm2_rl_config(SMOLLM2_TASK_PARAMS, minutes=30, seed=0, engine="vllm"))
-    assert vllm.rollout.engine == "vllm" and hf["rollout"]["engine"] == "hf"
-    assert vllm.train.steps > hf["train"]["steps"] == 90
+def test_smollm2_demo_with_the_vllm_engine_is_the_same_run_on_another_engine() -> None:
+    hf = config_from_dict(smollm2_rl_config(SMOLLM2_TASK_PARAMS, minutes=30, seed=0)).model_dump()
+    vllm = config_from_dict(
+        smollm2_rl_config(SMOLLM2_TASK_PARAMS, minutes=30, seed=0, engine="vllm")
+    ).model_dump()
+    assert (hf["rollout"].pop("engine"), vllm["rollout"].pop("engine")) == ("hf", "vllm")
+    assert vllm == hf
