@@ -60,8 +60,12 @@ def sync_sampler(run: Run, state: TrainState, step: int) -> dict[str, float]:
                 f"still differ from the trainer's by {gap.mean:.3g} nats on average (max {gap.max:.3g}; allowed "
                 f"{tolerance:g}, vllm.sync_tolerance). Rollouts from these weights would train on unknown weights, "
                 "so the step stops here. Usual causes: a weight name the engine does not know (tied or renamed "
-                "layers), an engine dtype far from the trainer's (see vllm.dtype), or a broken engine; the "
-                "engine's log is in its scratch folder (VLLMSampler.log_tail)."
+                "layers), an engine dtype far from the trainer's (see vllm.dtype), or a broken engine."
+                + (
+                    f" The engine's log ends:\n{run.sampler.log_tail()}"
+                    if hasattr(run.sampler, "log_tail")
+                    else ""
+                )
             )
         run.event("weight_sync_recovered", step, gap_mean=round(gap.mean, 6), gap_max=round(gap.max, 6))
     return {

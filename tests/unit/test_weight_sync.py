@@ -1,0 +1,97 @@
+"""weight_sync.sync_sampler without vLLM: an engine stand-in holds its own copy of the policy (as the vLLM
+engine does) and is checked after every push. A skipped push is caught and fixed by the second push; an
+engine that never takes new weights stops the step with WeightSyncError; an in-process sampler is not probed."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from keelrl.config import TinyModelConfig, load_config
+from keelrl.faults import FaultInjector
+from keelrl.models import build_char_tokenizer, build_tiny_model
+from keelrl.monitor.run_dir import RunDir
+from keelrl.rollout import SamplingSettings
+from keelrl.rollout.episodes import Prompter
+from keelrl.rollout.hf import HFSampler
+from keelrl.tasks import get_task
+from keelrl.weight_sync import WeightSyncError, sync_sampler
+
+
+class CopyEngine(HFSampler):
+    """Samples its own copy of the weights; `frozen` ignores every push (a broken transfer)."""
+
+    checks_sync = True
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, frozen: bool = False) -> None:
+        super().__init__(copy.deepcopy(model), tokenizer)
+        self.frozen = frozen
+
+    def update_weights(self, weights, version, reset_prefix_cache=True) -> None:
+        if not self.frozen:
+            super().update_weights(weights, version)
+
+
+def make_run(tmp_path: Path, engine_frozen: bool, *overrides: str) -> tuple[Any, Any, list[dict[str, Any]]]:
+    tok = build_char_tokenizer()
+    policy = build_tiny_model(
+        TinyModelConfig(hidden_size=32, num_heads=4, max_positions=128), len(tok), 0
+    ).eval()
+    cfg = load_config(None, ['rollout.engine="vllm"', "vllm.block_size=32", *overrides])
+    task = get_task("multiply", digits_a=1, digits_b=1)
+    events: list[dict[str, Any]] = []
+    run = SimpleNamespace(
+        cfg=cfg,
+        sampler=CopyEngine(policy, tok, engine_frozen),
+        sampler_model=policy,
+        faults=FaultInjector(cfg.faults, RunDir(tmp_path / "run")),
+        prompter=Prompter(task, tok, "compact"),
+        tokenizer=tok,
+        task=task,
+        settings=SamplingSettings(8, 1.0),
+        event=lambda kind, step, **fields: events.append({"kind": kind, "step": step, **fields}),
+        whole_policy=lambda state: policy,
+    )
+    state = SimpleNamespace(policy=policy, policy_version=0)
+    return run, state, events
+
+
+def move(policy: torch.nn.Module) -> None:
+    """An update large enough to move log-probs well past the fp32 tolerance."""
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+
+
+def test_a_good_push_passes_and_a_skipped_push_is_caught_and_redone(tmp_path: Path) -> None:
+    run, state, events = make_run(tmp_path, False, "faults.skip_weight_sync_at_step=2")
+    first = sync_sampler(run, state, 1)
+    assert first["sync/gap_max"] < 1e-4 and first["sync/retries"] == 0 and not events
+    move(state.policy)
+    state.policy_version = 1
+    caught = sync_sampler(run, state, 2)  # the drill skips the first push
+    assert [e["kind"] for e in events] == ["weight_sync_failed", "weight_sync_recovered"]
+    assert events[0]["gap_mean"] > events[0]["tolerance"] == 1e-3
+    assert caught["sync/retries"] == 1 and caught["sync/gap_max"] < 1e-4
+    assert run.sampler.policy_version == 1
+
+
+def test_an_engine_that_never_takes_the_weights_stops_the_step(tmp_path: Path) -> None:
+    run, state, events = make_run(tmp_path, True)
+    move(state.policy)
+    with pytest.raises(WeightSyncError, match="weight sync failed twice at step 3"):
+        sync_sampler(run, state, 3)
+    assert [e["kind"] for e in events] == ["weight_sync_failed"]
+
+
+def test_the_check_can_be_turned_off_and_an_in_process_sampler_is_not_probed(tmp_path: Path) -> None:
+    run, state, events = make_run(tmp_path, True, "vllm.sync_check_prompts=0")
+    move(state.policy)
+    assert set(sync_sampler(run, state, 1)) == {"time/sync_s"} and not events
+    run.sampler = HFSampler(state.policy, run.tokenizer)  # owns the weights: nothing to check
+    assert set(sync_sampler(run, state, 1)) == {"time/sync_s"}
