@@ -181,6 +181,7 @@ class VLLMSampler:
         self.conn = Connection(parent.detach())
         deadline = time.monotonic() + s.start_timeout_s
         while not self.conn.poll(1.0):
+            self.on_progress()  # starting is progress: bounded by start_timeout_s, not by the heartbeat
             if self.proc.poll() is not None:
                 raise EngineError(
                     f"the vLLM engine exited while starting (code {self.proc.returncode}):\n{self.log_tail()}"
