@@ -1,16 +1,22 @@
-"""A hung vLLM engine (SIGSTOPped) is found by the worker's heartbeat: the engine sends no progress, so the
-worker sends no heartbeat, the supervisor kills the worker (the engine dies with it) and resumes from the
-newest checkpoint with a fresh engine; the run ends with the weights of an uninterrupted one."""
+"""The vLLM engine among processes.
+- A hung engine (SIGSTOPped) is found by the worker's heartbeat: the engine sends no progress, so the worker
+  sends no heartbeat, the supervisor kills the worker (the engine dies with it) and resumes from the newest
+  checkpoint with a fresh engine; the run ends with the weights of an uninterrupted one.
+- Under torchrun every rank drives its own engine over its shard of the prompts, and two processes give the
+  update of one (rewards equal, losses and weights within 1e-6, as tests/system/test_torchrun.py asks of the
+  hf sampler)."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from .conftest import events, kill, wait_for, worker_pid
 
@@ -67,3 +73,25 @@ def test_a_hung_engine_is_found_by_the_heartbeat(vllm_run: list[str], tmp_path: 
     assert not psutil.pid_exists(engine) or psutil.Process(engine).status() == psutil.STATUS_ZOMBIE
     done = [json.loads((d / "summary.json").read_text()) for d in (tmp_path / "clean", run_dir)]
     assert done[0]["weights_sha256"] == done[1]["weights_sha256"]
+
+
+@pytest.mark.slow
+def test_two_ranks_with_an_engine_each_equal_one_process(vllm_run: list[str], tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = {}
+    for nproc in (1, 2):
+        run_dir = tmp_path / f"n{nproc}"
+        argv = _argv(vllm_run, run_dir, "train.steps=4", "algo.lr=1e-4")
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        argv = [*launch, "-m", "keelrl", *argv[3:]] if nproc > 1 else [*argv, "--no-supervisor"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        runs[nproc] = (metrics, load_file(str(run_dir / "final" / "model.safetensors")))
+    (one, w1), (two, w2) = runs[1], runs[2]
+    assert [m["step"] for m in one] == [m["step"] for m in two] == [1, 2, 3, 4]
+    for a, b in zip(one, two):
+        assert a["reward/mean"] == b["reward/mean"] and a["tokens/generated"] == b["tokens/generated"]
+        assert abs(a["loss/total"] - b["loss/total"]) <= 1e-6
+        assert a["sync/gap_max"] < 1e-4 and b["sync/gap_max"] < 1e-4  # each rank checked its own engine
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) <= 1e-6
