@@ -80,6 +80,8 @@ def test_full_disk_stops_with_a_message_once_saves_keep_failing(small_disk: Path
     _assert_previous_intact(run_dir)
 
 
+# slow (28 s): async save failures are also reported in tests/unit/test_checkpoint_failures.py
+@pytest.mark.slow
 def test_full_disk_with_async_saves_reports_and_training_goes_on(small_disk: Path) -> None:
     run_dir = small_disk / "run"
     filler = _first_checkpoint_then_fill(small_disk, run_dir)

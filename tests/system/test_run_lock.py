@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from .conftest import Drill, assert_same_run, events, kill, wait_for
 
 # The first trainer's first reward call sleeps this long, so it is surely alive while the others try.
@@ -44,6 +46,8 @@ def test_second_trainer_is_refused_and_the_first_finishes_intact(
     assert not (run_dir / "lock.json").exists()  # released at the end
 
 
+# slow (44 s): a stale lock is also taken over in tests/unit/test_run_lock.py
+@pytest.mark.slow
 def test_lock_of_a_killed_supervisor_does_not_block_the_resume(drill: Drill, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     first = drill.start(run_dir, STALL)
