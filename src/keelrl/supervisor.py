@@ -109,8 +109,9 @@ class Attempt:
     cause: str = ""
 
 
-def _die_with_parent() -> None:
-    """In the worker, before exec: on Linux, the kernel SIGKILLs it if the supervisor dies (no orphan)."""
+def die_with_parent() -> None:
+    """Called in a child process (the worker before exec, the vLLM engine at start): on Linux, the kernel
+    SIGKILLs it when its parent dies, also by SIGKILL (no orphan)."""
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -129,7 +130,8 @@ def _describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _log_tail(path: Path, lines: int = 15) -> str:
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last `lines` lines of a log file (its last 16 kB read), or "" when there is none."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -206,7 +208,7 @@ class Supervisor:
             if cause == "exit" and attempt.returncode in FINAL_EXITS:
                 # a user error, a guard that decided to stop, a disk that takes no checkpoint: restarting cannot help
                 self._status(state=FINAL_EXITS[attempt.returncode])
-                sys.stderr.write(_log_tail(self.run_dir.path / WORKER_LOG, 5) + "\n")
+                sys.stderr.write(log_tail(self.run_dir.path / WORKER_LOG, 5) + "\n")
                 return attempt.returncode
             verdict = self._should_restart(attempt)
             if verdict is not None:
@@ -247,7 +249,7 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         log.close()
         attempt = Attempt(started=time.time(), start_step=self._restore_step())
@@ -318,7 +320,7 @@ class Supervisor:
         n = self.cfg.crash_loop_restarts
         recent = self.attempts[-n:]
         if len(recent) == n and len({a.end_step for a in recent}) == 1:
-            tail = _log_tail(self.run_dir.path / WORKER_LOG)
+            tail = log_tail(self.run_dir.path / WORKER_LOG)
             return (
                 f"crash loop: {n} attempts in a row died at step {attempt.end_step} ({attempt.cause}). Restarting "
                 f"again would fail the same way; fix the cause and resume with the same command. "

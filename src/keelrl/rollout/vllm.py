@@ -42,6 +42,7 @@ from keelrl.rollout.hf import stop_token_ids
 from keelrl.rollout.types import Generation, SamplingSettings
 from keelrl.rollout.vllm_config import VLLMConfig
 from keelrl.rollout.weights import NamedTensors
+from keelrl.supervisor import log_tail
 
 WEIGHTS_FILE = "weights.bin"
 # the [vllm] settings the engine process passes to vllm.LLM (vllm_server.serve)
@@ -129,7 +130,7 @@ class VLLMSampler:
     def update_weights(self, weights: NamedTensors, version: int, reset_prefix_cache: bool = True) -> None:
         """Push `weights` into the engine and empty its prefix cache (`reset_prefix_cache` False only for the
         stale-cache drill). The file stays: a restarted engine loads it."""
-        self._layout = self._weights.write(dict(weights.items() if hasattr(weights, "items") else weights))
+        self._layout = self._weights.write(dict(weights))
         self._call_restarting(("load", str(self._weights.path), self._layout, reset_prefix_cache))
         self._version = version
 
@@ -194,7 +195,7 @@ class VLLMSampler:
         if kind != "ready":
             raise EngineError(f"the vLLM engine failed to start:\n{body}")
 
-    def _restart(self, why: EngineDied) -> None:
+    def _restart(self) -> None:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait()
@@ -218,7 +219,7 @@ class VLLMSampler:
                         f"the vLLM engine died {attempt + 1} times in one {msg[0]} call (vllm.max_restarts = "
                         f"{self.settings.max_restarts}); its log ends:\n{self.log_tail()}"
                     ) from died
-                self._restart(died)
+                self._restart()
         raise AssertionError("unreachable")
 
     def _call(self, msg: tuple[Any, ...]) -> Any:
@@ -250,11 +251,7 @@ class VLLMSampler:
         return reply[0], reply[1] if len(reply) > 1 else None
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = (self.workdir / "engine.log").read_text(errors="replace")
-        except OSError:
-            return "(no engine log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.workdir / "engine.log", lines) or "(no engine log)"
 
 
 Layout = list[tuple[str, str, list[int], int]]  # (name, dtype, shape, byte offset) of each tensor in the file

@@ -134,19 +134,12 @@ def _load(llm: Any, tied: bool, path: str, layout: list[Any], reset_prefix_cache
     return time.perf_counter() - t0  # the mapping goes with the last view of it
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when the trainer that started it dies (also by SIGKILL)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-
-
 def main() -> None:
     import json
 
-    _die_with_parent()
+    from keelrl.supervisor import die_with_parent
+
+    die_with_parent()
     conn = Connection(int(sys.argv[1]))
     spec = json.loads(os.environ["KEELRL_ENGINE_SPEC"])
     try:
