@@ -61,7 +61,9 @@ def pool_metrics(run: Run, state: TrainState) -> dict[str, float]:
     step's scoring, generation, refills or the eval before it), and their count since this process started."""
     out: dict[str, float] = {}
     for name, pool in (("scorer", run.scorer), ("sampler", run.sampler)):
-        actors = getattr(pool, "actors", pool)  # a Ray pool's ActorPool, or the engine sampler itself
+        # the pool or engine itself (a vLLM engine; a pool of vLLM actors also counts engine restarts in
+        # them), else a Ray pool's ActorPool
+        actors = pool if hasattr(pool, "take_replaced") else getattr(pool, "actors", None)
         if not hasattr(actors, "take_replaced"):
             continue
         replaced = actors.take_replaced()

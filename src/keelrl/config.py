@@ -515,10 +515,15 @@ class DistributedConfig(Section):
         description=(
             "Where completions are generated: in the training process, or by a pool of Ray actors (extra [ray]) "
             "that each load the policy on CPU and receive its weights after every update (with training on an "
-            "accelerator their log-probs differ slightly from the trainer's: see algo.old_logprobs)."
+            "accelerator their log-probs differ slightly from the trainer's: see algo.old_logprobs); with "
+            "rollout.engine = 'vllm' each actor drives a vLLM engine."
         ),
     )
-    ray_sampler_workers: int = Field(2, ge=1, description="Sampling actors in the Ray pool (1 CPU each).")
+    ray_sampler_workers: int = Field(
+        2,
+        ge=1,
+        description="Sampling actors in the Ray pool (1 CPU each; vllm.threads with the vLLM engine).",
+    )
     ray_max_retries: int = Field(
         3,
         ge=0,

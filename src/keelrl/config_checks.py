@@ -50,11 +50,6 @@ def check_engine(cfg: Config) -> None:
             "renormalised over the kept tokens, while the trainer uses the whole tempered distribution, so the PPO "
             "ratio would be biased. Use top_p = 1.0 and top_k = 0 with the vLLM engine."
         )
-    if cfg.distributed.sampler == "ray":
-        raise ValueError(
-            "rollout.engine = 'vllm' with distributed.sampler = 'ray': vLLM engines as Ray actors are not built "
-            "yet. Use distributed.sampler = 'local' (one engine process per trainer rank)."
-        )
     if v.dtype != "float32" and cfg.algo.old_logprobs == "sampler":
         raise ValueError(
             f"vllm.dtype = '{v.dtype}' with algo.old_logprobs = 'sampler': a {v.dtype} engine's log-probs differ from "

@@ -148,7 +148,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
                     d.ray_workers,
                     d.ray_max_retries,
                     d.ray_address,
-                    ray_cpus=ray_cpus(d),
+                    ray_cpus=ray_cpus(cfg),
                     on_progress=pulse,
                 )
             )

@@ -13,11 +13,12 @@ sync/retries.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from keelrl.distributed import full_state_dict, is_sharded
 from keelrl.rollout import SamplingSettings, render_prompt
 from keelrl.rollout.sync_check import SyncGap, logprob_gap, trainer_logprobs
+from keelrl.rollout.types import CheckedSampler
 from keelrl.rollout.weights import untied_state_dict
 from keelrl.seeds import stable_hash
 from keelrl.state import TrainState
@@ -85,13 +86,16 @@ def push(run: Run, state: TrainState, drill: str | None) -> None:
         return
     weights = untied_state_dict(run.sampler_model).items()
     if drill == "stale_prefix_cache":
-        run.sampler.update_weights(weights, state.policy_version, reset_prefix_cache=False)  # type: ignore[call-arg]
+        cast(CheckedSampler, run.sampler).update_weights(
+            weights, state.policy_version, reset_prefix_cache=False
+        )
     else:
         run.sampler.update_weights(weights, state.policy_version)
 
 
 def probe(run: Run, state: TrainState) -> SyncGap:
-    """The engine samples the probe, the trainer scores it: their log-prob gap."""
+    """Every engine samples the probe, the trainer scores it: the log-prob gap of the worst engine (by mean; a
+    Ray pool of vLLM actors has one engine per actor, and one stale engine is enough to fail)."""
     v = run.cfg.vllm
     longest = v.max_model_len or int(getattr(run.sampler_model.config, "max_position_embeddings", 0) or 4096)
     prompts = probe_prompts(
@@ -99,10 +103,12 @@ def probe(run: Run, state: TrainState) -> SyncGap:
     )
     settings = SamplingSettings(v.sync_check_tokens, run.settings.temperature)
     seeds = [stable_hash("sync_probe", i) for i in range(len(prompts))]
-    gens = run.sampler.generate(prompts, settings, seeds)
     model = run.whole_policy(state)
-    trainer = trainer_logprobs(model, prompts, [g.completion_ids for g in gens], settings.temperature)
-    return logprob_gap(trainer, [g.logprobs for g in gens])
+    gaps = []
+    for gens in cast(CheckedSampler, run.sampler).generate_on_each(prompts, settings, seeds):
+        trainer = trainer_logprobs(model, prompts, [g.completion_ids for g in gens], settings.temperature)
+        gaps.append(logprob_gap(trainer, [g.logprobs for g in gens]))
+    return max(gaps, key=lambda gap: gap.mean)
 
 
 def probe_prompts(run: Run, n: int, length: int) -> list[list[int]]:

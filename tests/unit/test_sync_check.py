@@ -13,6 +13,7 @@ from keelrl.config_checks import check_engine
 from keelrl.faults import FaultInjector
 from keelrl.models import build_char_tokenizer, build_tiny_model
 from keelrl.rollout import sampler_kind
+from keelrl.rollout.ray import ray_cpus
 from keelrl.rollout.sync_check import logprob_gap, trainer_logprobs
 from keelrl.rollout.vllm_config import SYNC_TOLERANCE
 
@@ -64,7 +65,6 @@ def test_engine_config_checks() -> None:
     for bad, words in (
         (["rollout.top_p=0.9"], "top_p = 1.0"),
         (["rollout.top_k=5"], "top_k = 0"),
-        (['distributed.sampler="ray"'], "Ray actors are not built"),
         (['vllm.dtype="bfloat16"'], "algo.old_logprobs = 'recompute'"),
     ):
         with pytest.raises(ConfigError, match=r"rollout\.engine|vllm\.dtype") as err:
@@ -75,6 +75,9 @@ def test_engine_config_checks() -> None:
     )
     assert ok.vllm.tolerance == SYNC_TOLERANCE["bfloat16"]
     check_engine(load_config(None, ["rollout.top_p=0.9"]))  # the hf sampler handles top-p itself
+    pooled = load_config(None, ['rollout.engine="vllm"', 'distributed.sampler="ray"', "vllm.threads=3"])
+    assert sampler_kind(pooled) == "ray" and ray_cpus(pooled) == 2 * 3  # vLLM actors reserve the engine's
+    assert ray_cpus(load_config(None, ['distributed.sampler="ray"', 'distributed.scorer="ray"'])) == 2 + 2
 
 
 def test_weight_sync_drills_fire_once_and_only_when_set(tmp_path) -> None:

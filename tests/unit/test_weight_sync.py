@@ -36,6 +36,34 @@ class CopyEngine(HFSampler):
         if not self.frozen:
             super().update_weights(weights, version)
 
+    def generate_on_each(self, prompts, settings, seeds):
+        return [self.generate(prompts, settings, seeds)]
+
+
+class TwoEngines:
+    """A pool of two copy engines (as a Ray pool of vLLM actors): `generate` uses the first only, the probe
+    asks both."""
+
+    checks_sync = True
+
+    def __init__(self, first: CopyEngine, second: CopyEngine) -> None:
+        self.engines = [first, second]
+
+    @property
+    def policy_version(self) -> int:
+        return self.engines[0].policy_version
+
+    def generate(self, prompts, settings, seeds):
+        return self.engines[0].generate(prompts, settings, seeds)
+
+    def update_weights(self, weights, version, reset_prefix_cache=True) -> None:
+        weights = list(weights)
+        for e in self.engines:
+            e.update_weights(weights, version)
+
+    def generate_on_each(self, prompts, settings, seeds):
+        return [e.generate(prompts, settings, seeds) for e in self.engines]
+
 
 def make_run(tmp_path: Path, engine_frozen: bool, *overrides: str) -> tuple[Any, Any, list[dict[str, Any]]]:
     tok = build_char_tokenizer()
@@ -95,3 +123,17 @@ def test_the_check_can_be_turned_off_and_an_in_process_sampler_is_not_probed(tmp
     assert set(sync_sampler(run, state, 1)) == {"time/sync_s"} and not events
     run.sampler = HFSampler(state.policy, run.tokenizer)  # owns the weights: nothing to check
     assert set(sync_sampler(run, state, 1)) == {"time/sync_s"}
+
+
+def test_one_stale_engine_of_a_pool_fails_the_check(tmp_path: Path) -> None:
+    """The probe asks every engine: the first engine alone (the one `generate` used) would have passed."""
+    run, state, events = make_run(tmp_path, False)
+    good = run.sampler
+    run.sampler = TwoEngines(good, CopyEngine(state.policy, run.tokenizer, frozen=True))
+    assert sync_sampler(run, state, 1)["sync/gap_max"] < 1e-4  # both copies start from the same weights
+    move(state.policy)
+    with pytest.raises(WeightSyncError, match="weight sync failed twice at step 2"):
+        sync_sampler(run, state, 2)
+    assert [e["kind"] for e in events] == ["weight_sync_failed"] and events[0]["gap_mean"] > 1e-3
+    run.sampler = TwoEngines(good, CopyEngine(state.policy, run.tokenizer))  # two engines that follow
+    assert sync_sampler(run, state, 3)["sync/gap_max"] < 1e-4

@@ -44,7 +44,8 @@ def _local(
 
 
 def _ray(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress) -> Sampler:
-    """Ray actors that build the policy from `cfg.model` (`model` and `tokenizer` stay here)."""
+    """Ray actors that build the policy from `cfg.model` (`model` and `tokenizer` stay here); with
+    `rollout.engine = "vllm"` each drives a vLLM engine."""
     from keelrl.rollout.ray import SamplerPool, ray_cpus
 
     d, t = cfg.distributed, cfg.train
@@ -57,7 +58,8 @@ def _ray(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progress:
         compile=t.compile,
         max_retries=d.ray_max_retries,
         address=d.ray_address,
-        ray_cpus=ray_cpus(d),
+        ray_cpus=ray_cpus(cfg),
+        vllm=cfg.vllm if cfg.rollout.engine == "vllm" else None,
         on_progress=on_progress,
     )
 

@@ -9,6 +9,8 @@ Ray actors, so a cluster's CPUs score and sample while the accelerators train.
   with the run's settings, on CPU with `threads` torch threads. `update_weights` puts the named tensors into
   the object store once per version. `generate` sends each actor the batches the in-process sampler would
   generate (`generation_chunks`), or with `rollout.chunk_size = 0` one batch per actor (`group_chunks`).
+  With `rollout.engine = "vllm"` each actor drives a vLLM engine process of its own (`VLLMSamplingWorker`);
+  every push is then sent (never skipped) and checked on every engine (`generate_on_each`, weight_sync.py).
 
 Guarantees:
 - Results equal in-process ones. Scoring uses `score_safely`, the trainer's local path. Sampling with
@@ -32,13 +34,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from keelrl.config import ConfigError, DistributedConfig, ModelConfig
+from keelrl.config import Config, ConfigError, ModelConfig
 from keelrl.tasks import Task
 from keelrl.tasks.base import Score, score_safely
 
 if TYPE_CHECKING:  # torch and transformers load in sampling processes only (scoring actors start faster)
     from keelrl.algo.logprobs import Autocast
     from keelrl.rollout.types import Generation, SamplingSettings
+    from keelrl.rollout.vllm_config import VLLMConfig
     from keelrl.rollout.weights import NamedTensors
 
 CHUNKS_PER_WORKER = 4  # scoring chunks per call and actor: balances load, cheap to redo
@@ -98,9 +101,12 @@ def stop_ray() -> None:
         import_ray().shutdown()
 
 
-def ray_cpus(d: DistributedConfig) -> int:
-    """CPUs of the local Ray the run's pools share (the first pool to start sizes it for both)."""
-    return d.ray_workers * (d.scorer == "ray") + d.ray_sampler_workers * (d.sampler == "ray")
+def ray_cpus(cfg: Config) -> int:
+    """CPUs of the local Ray the run's pools share (the first pool to start sizes it for both): one per scoring
+    actor, and per sampling actor one (transformers) or `vllm.threads` (a vLLM engine)."""
+    d = cfg.distributed
+    per_sampler = cfg.vllm.threads if cfg.rollout.engine == "vllm" else 1
+    return d.ray_workers * (d.scorer == "ray") + d.ray_sampler_workers * per_sampler * (d.sampler == "ray")
 
 
 def lost_actor_errors(ray: Any) -> tuple[type[BaseException], ...]:
@@ -184,13 +190,14 @@ class ActorPool:
         pending = deque(range(len(chunks)))
         in_flight: dict[Any, tuple[int, int, Any]] = {}  # result ref -> (chunk, actor slot, actor)
         while pending or in_flight:
-            for slot, actor in enumerate(self.handles):
-                queued = sum(1 for _, s, _ in in_flight.values() if s == slot)
-                for _ in range(IN_FLIGHT_PER_WORKER - queued):
-                    if not pending:
-                        break
-                    chunk = pending.popleft()
-                    in_flight[getattr(actor, method).remote(*chunks[chunk])] = (chunk, slot, actor)
+            for depth in range(
+                1, IN_FLIGHT_PER_WORKER + 1
+            ):  # a chunk for every actor before a second for any
+                for slot, actor in enumerate(self.handles):
+                    queued = sum(1 for _, s, _ in in_flight.values() if s == slot)
+                    if pending and queued < depth:
+                        chunk = pending.popleft()
+                        in_flight[getattr(actor, method).remote(*chunks[chunk])] = (chunk, slot, actor)
             done, _ = ray.wait(list(in_flight), num_returns=1)
             self.on_progress()
             for ref in done:
@@ -229,6 +236,28 @@ class ActorPool:
             except lost_actor:
                 if self.handles[slot] is actor:
                     self._replace(slot)
+
+    def ask_each(self, method: str, *args: Any) -> list[Any]:
+        """`actor.<method>(*args)` on every actor, results in actor order. An actor that died is replaced
+        (`prepare`) and asked again, at most `max_retries` times, so every answer comes from a live actor."""
+        ray = import_ray()
+        lost_actor = lost_actor_errors(ray)
+        refs = [getattr(actor, method).remote(*args) for actor in self.handles]
+        results = []
+        for slot, ref in enumerate(refs):
+            for attempt in range(self.max_retries + 1):
+                try:
+                    results.append(ray.get(ref))
+                    break
+                except lost_actor as err:
+                    if attempt == self.max_retries:
+                        raise RayPoolError(
+                            f"Ray {self.role} actor {slot} died {attempt + 1} times answering {method} "
+                            f"(distributed.ray_max_retries={self.max_retries}); last error: {err}"
+                        ) from err
+                    self._replace(slot)
+                    ref = getattr(self.handles[slot], method).remote(*args)
+        return results
 
     def shutdown(self) -> None:
         """Stop the actors (and keelrl's own Ray when no other pool uses it)."""
@@ -341,12 +370,13 @@ class SamplingWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def load_weights(self, weights: NamedTensors, version: int) -> None:
+    def load_weights(self, weights: NamedTensors, version: int, *push_args: Any) -> None:
+        """`push_args`: the rest of the sampler's `update_weights` (a vLLM engine's `reset_prefix_cache`)."""
         from keelrl.rollout.weights import WeightsMismatch
 
         self.version = None
         try:
-            self.sampler.update_weights(weights, version)
+            self.sampler.update_weights(weights, version, *push_args)
         except WeightsMismatch as err:
             raise RayPoolError(
                 f"the weights sent to a sampling actor do not fit its model: {err}. The actors build the policy "
@@ -365,6 +395,25 @@ class SamplingWorker:
         return self.sampler.generate(prompts, settings, seeds)
 
 
+class VLLMSamplingWorker(SamplingWorker):
+    """One Ray actor driving a vLLM engine process of its own (`VLLMSampler`, which restarts a dead engine and
+    redoes its call; `take_replaced` passes the count on). The engine dies with the actor."""
+
+    def __init__(self, model: ModelConfig, settings: VLLMConfig) -> None:
+        from keelrl.models import load_policy
+        from keelrl.rollout.vllm import VLLMSampler
+
+        policy, tokenizer = load_policy(model)  # for its architecture and stop tokens; weights come by push
+        self.sampler = VLLMSampler(policy, tokenizer, settings)
+        self.version = None
+
+    def engine_pid(self) -> int | None:
+        return self.sampler.engine_pid
+
+    def take_replaced(self) -> int:
+        return self.sampler.take_replaced()
+
+
 class SamplerPool:
     """`workers` Ray actors generating with the policy's weights; a `Sampler` (see the module docstring)."""
 
@@ -380,21 +429,28 @@ class SamplerPool:
         max_retries: int = 3,
         address: str = "",
         ray_cpus: int = 0,
-        worker: type[SamplingWorker] = SamplingWorker,
+        worker: type[SamplingWorker] | None = None,
+        vllm: VLLMConfig | None = None,
         on_progress: Callable[[], None] | None = None,
     ) -> None:
         """`model` is built in each actor (a local path made absolute); `chunk_size` (0: one batch per actor),
         `share_prefix`, `autocast`, `compile` are `HFSampler`'s; each actor runs and reserves `threads` CPUs;
-        `ray_cpus` 0: `workers * threads`; `worker`: the actor class. No weights until `update_weights`."""
+        `ray_cpus` 0: `workers * threads`; `worker`: the actor class. `vllm`: actors drive vLLM engines with
+        these settings (`threads` is then `vllm.threads`). No weights until `update_weights`."""
         path = Path(model.path).expanduser()
         if model.path not in ("tiny", "smollm2") and path.exists():
             model = model.model_copy(update={"path": str(path.resolve())})
         self.chunk_size = chunk_size
+        self.checks_sync = vllm is not None  # engines with a copy of the weights: every push is checked
         self._version = -1
         self._weights: Any = None  # object ref of the current weights
+        args: tuple[Any, ...] = (model, share_prefix, autocast, threads, compile)
+        if vllm is not None:
+            worker, args, threads = worker or VLLMSamplingWorker, (model, vllm), vllm.threads
+        self.replaced_total = 0  # actors replaced and engines restarted inside actors
         self.actors = ActorPool(
-            worker,
-            (model, share_prefix, autocast, threads, compile),
+            worker or SamplingWorker,
+            args,
             workers,
             role="sampling",
             size_setting="distributed.ray_sampler_workers",
@@ -416,14 +472,37 @@ class SamplerPool:
         if self._weights is not None:
             actor.load_weights.remote(self._weights, self._version)
 
-    def update_weights(self, weights: NamedTensors, version: int) -> None:
-        """Send the named tensors to every actor, unless they hold `version` (kept on rollback/resume)."""
-        if version == self._version:
+    def update_weights(self, weights: NamedTensors, version: int, reset_prefix_cache: bool = True) -> None:
+        """Send the named tensors to every actor, unless they hold `version` (kept on rollback/resume) and are
+        not checked engines (`checks_sync`: always sent, then each engine's prefix cache is emptied;
+        `reset_prefix_cache` False: the stale-cache drill)."""
+        if version == self._version and not self.checks_sync:
             return
         ray = import_ray()
         self._weights = ray.put({k: v.detach().cpu() for k, v in dict(weights).items()})
         self._version = version
-        self.actors.call_all("load_weights", self._weights, version)
+        push_args = (reset_prefix_cache,) if self.checks_sync else ()
+        self.actors.call_all("load_weights", self._weights, version, *push_args)
+
+    def generate_on_each(
+        self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
+    ) -> list[list[Generation]]:
+        """`generate` on every actor, whole (the weight-sync probe checks each engine)."""
+        return self.actors.ask_each("generate", prompts, settings, seeds, self._version)
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The first actor's vLLM engine process (the kill_engine_at_step drill; on this node with a local
+        Ray); None for transformers actors."""
+        return self.actors.ask_each("engine_pid")[0] if self.checks_sync else None
+
+    def take_replaced(self) -> int:
+        """Actors replaced, and (vLLM) engines restarted inside actors, since the last call."""
+        n = self.actors.take_replaced()
+        if self.checks_sync:
+            n += sum(self.actors.ask_each("take_replaced"))
+        self.replaced_total += n
+        return n
 
     def generate(
         self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]

@@ -83,3 +83,21 @@ class Sampler(Protocol):
 
     @property
     def policy_version(self) -> int: ...
+
+
+class CheckedSampler(Sampler, Protocol):
+    """An engine that samples from its own copy of the weights (`checks_sync = True`: VLLMSampler, a SamplerPool
+    of vLLM actors). weight_sync.py checks every push to it, on every engine it drives."""
+
+    checks_sync: bool
+
+    def update_weights(self, weights: NamedTensors, version: int, reset_prefix_cache: bool = True) -> None:
+        """As `Sampler.update_weights`, always pushed (never skipped for a version it holds), then the engines'
+        prefix caches are emptied (`reset_prefix_cache` False: the stale-cache fault drill only)."""
+        ...
+
+    def generate_on_each(
+        self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
+    ) -> list[list[Generation]]:
+        """`generate` on every engine separately (one list per engine): the weight-sync probe."""
+        ...

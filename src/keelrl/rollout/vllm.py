@@ -127,6 +127,12 @@ class VLLMSampler:
             self._asleep = True
         return [Generation(ids, logps, finish) for ids, logps, finish in rows]
 
+    def generate_on_each(
+        self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
+    ) -> list[list[Generation]]:
+        """One engine: `[generate(...)]` (the weight-sync probe asks every engine a sampler drives)."""
+        return [self.generate(prompts, settings, seeds)]
+
     def update_weights(self, weights: NamedTensors, version: int, reset_prefix_cache: bool = True) -> None:
         """Push `weights` into the engine and empty its prefix cache (`reset_prefix_cache` False only for the
         stale-cache drill). The file stays: a restarted engine loads it."""
@@ -160,7 +166,7 @@ class VLLMSampler:
             **os.environ,
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine runs in this one process, which keelrl controls
             "OMP_NUM_THREADS": str(s.threads),
-            "VLLM_CPU_KVCACHE_SPACE": f"{s.kv_cache_gb:g}",
+            "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_gb),
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
             "KEELRL_ENGINE_SPEC": json.dumps(self.spec),
         }

@@ -27,7 +27,11 @@ class VLLMConfig(BaseModel):
     threads: int = Field(
         1, ge=1, description="CPU only: OMP threads of the engine process (its own process)."
     )
-    kv_cache_gb: float = Field(1.0, gt=0.0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE).")
+    kv_cache_gb: int = Field(
+        1,
+        ge=1,
+        description="CPU only: KV cache size in whole GB (VLLM_CPU_KVCACHE_SPACE takes integers only).",
+    )
     max_model_len: int = Field(
         0, ge=0, description="Longest prompt + completion the engine accepts; 0 = the model's own limit."
     )
