@@ -4,7 +4,7 @@ Each mutation is one exact text replacement in algo/objectives.py or algo/losses
 exactly once). For each, a fresh copy of src/keelrl gets the patch and the loss tests run against it
 (PYTHONPATH at the copy). Prints JSON, one entry per mutation with `caught`; exits 1 if any mutation
 survives or the unpatched tests fail. About a minute on one core. MUTATE_TESTS="a.py b.py" picks
-the test files (default: test_objectives.py and test_losses.py).
+the test files (default: the objective, loss and TRL-oracle tests).
 
     python benchmarks/mutate_loss.py
 """
@@ -21,13 +21,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = os.environ.get("MUTATE_TESTS", "tests/unit/test_objectives.py tests/unit/test_losses.py").split()
+TESTS = os.environ.get(
+    "MUTATE_TESTS",
+    "tests/unit/test_objectives.py tests/unit/test_objectives_beyond_ppo.py tests/unit/test_losses.py "
+    "tests/unit/test_trl_oracle.py",
+).split()
 OBJ, LOSSES = "algo/objectives.py", "algo/losses.py"
 
 # name -> (file under src/keelrl, exact text, replacement)
 MUTATIONS: dict[str, tuple[str, str, str]] = {
-    "advantage_sign_flipped": (OBJ, "adv = x.advantages[:, None]", "adv = -x.advantages[:, None]"),
-    "advantage_rows_reversed": (OBJ, "adv = x.advantages[:, None]", "adv = x.advantages.flip(0)[:, None]"),
+    "advantage_sign_flipped": (OBJ, "return x.advantages[:, None]", "return -x.advantages[:, None]"),
+    "advantage_rows_reversed": (OBJ, "return x.advantages[:, None]", "return x.advantages.flip(0)[:, None]"),
     "kl_dropped": (OBJ, "loss = loss + algo.kl_coef * (kl * w).sum()", "loss = loss + 0.0 * (kl * w).sum()"),
     "kl_flipped": (OBJ, "loss = loss + algo.kl_coef * (kl", "loss = loss - algo.kl_coef * (kl"),
     "kl_coef_doubled": (OBJ, "loss = loss + algo.kl_coef * (kl", "loss = loss + 2 * algo.kl_coef * (kl"),
@@ -71,7 +75,48 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
         "(max(global_seqs, 1.0) * mask.shape[1])",
     ),
     "metrics_weighted_like_the_loss": (OBJ, "m = x.metric_weights", "m = x.loss_weights"),
-    "dual_clipfrac_not_logged": (OBJ, '"clipfrac/dual": (pstats["dual_clipped"] * m).sum(),', ""),
+    "dual_clipfrac_not_logged": (OBJ, '"clipfrac/dual": pstats["dual_clipped"],', ""),
+    "gspo_ratio_not_length_normalised": (
+        LOSSES,
+        "return ((logprobs - old_logprobs) * mask).sum(dim=1) / n",
+        "return ((logprobs - old_logprobs) * mask).sum(dim=1)",
+    ),
+    "gspo_with_the_token_clip_range": (
+        OBJ,
+        "algo.seq_clip_low, algo.seq_clip_high",
+        "algo.clip_low, algo.clip_high",
+    ),
+    "gspo_token_gradient_through_the_sequence": (
+        OBJ,
+        "x.logprobs, x.old_logprobs, x.mask).detach()[:, None]",
+        "x.logprobs, x.old_logprobs, x.mask)[:, None]",
+    ),
+    "gspo_token_keeps_only_the_sequence_gradient": (
+        OBJ,
+        "_clipped(x.logprobs - x.logprobs.detach() + log_s",
+        "_clipped(0.0 * x.logprobs + log_s",
+    ),
+    "cispo_weight_not_detached": (
+        OBJ,
+        ".clamp(-20.0, 20.0)).detach()  # [b, T]",
+        ".clamp(-20.0, 20.0))  # [b, T]",
+    ),
+    "cispo_cap_ignored": (
+        OBJ,
+        "ratio.clamp(algo.cispo_min, algo.cispo_max)",
+        "ratio.clamp_min(algo.cispo_min)",
+    ),
+    "cispo_without_the_log_prob": (OBJ, "-weight * adv * x.logprobs", "-weight * adv"),
+    "is_mask_keeps_the_outside": (
+        LOSSES,
+        "return ((ratio >= low) & (ratio <= high))",
+        "return ~((ratio >= low) & (ratio <= high))",
+    ),
+    "is_mask_sequence_uses_the_product": (
+        LOSSES,
+        "ratio = torch.exp(sequence_log_ratio(old, sampler, mask).clamp",
+        "ratio = torch.exp((sequence_log_ratio(old, sampler, mask) * mask.sum(1)).clamp",
+    ),
 }
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from keelrl.algo.config import AlgoConfig as AlgoConfig  # re-exported: its home is algo/config.py
 from keelrl.config_checks import check_batch_arithmetic, check_engine
 from keelrl.config_load import ConfigError as ConfigError  # re-exported: the error callers catch
 from keelrl.config_load import apply_overrides, read_toml, validate
@@ -56,6 +57,13 @@ class ModelConfig(Section):
         ),
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weight dtype of the policy.")
+    fp32_head: bool = Field(
+        False,
+        description=(
+            "Run the output head (and so the log-softmax) in float32 under train.autocast = 'bf16' or with bfloat16 "
+            "weights, in the trainer and keelrl's sampler alike (ScaleRL: higher asymptotic reward). A no-op in fp32."
+        ),
+    )
     tiny: TinyModelConfig = Field(
         default_factory=TinyModelConfig, description="Shape of the model when path = 'tiny'."
     )
@@ -122,92 +130,6 @@ class RolloutConfig(Section):
     chunk_size: int = Field(
         0, ge=0, description="Sequences generated together (memory bound); 0 means the whole batch."
     )
-
-
-class AlgoConfig(Section):
-    lr: float = Field(1e-6, gt=0.0, le=1.0, description="Learning rate of the policy optimizer (AdamW).")
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
-        "grpo",
-        description=(
-            "Advantage estimator: grpo (group mean/std), dr_grpo (group mean, no std), rloo (leave-one-out mean), "
-            "reinforce_pp (REINFORCE++: batch-normalised; with group baseline if algo.group_baseline)."
-        ),
-    )
-    group_baseline: bool = Field(
-        True, description="reinforce_pp only: subtract the group mean before batch normalisation."
-    )
-    std_eps: float = Field(1e-6, gt=0.0, description="Added to standard deviations before dividing.")
-    objective: Literal["ppo_clip"] = Field(
-        "ppo_clip",
-        description="The policy loss (algo/objectives.py): ppo_clip is PPO-clip with clip_low/clip_high, dual "
-        "clip, truncated IS weights, KL to the reference and an entropy bonus.",
-    )
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = Field(
-        "token_mean",
-        description=(
-            "Loss normalisation: token_mean divides the summed token losses by the number of trainable tokens in "
-            "the global mini-batch (DAPO); seq_mean_token_mean averages each sequence over its tokens and the "
-            "sequences over the global mini-batch (GRPO paper); constant divides the sum by sequences x "
-            "rollout.max_new_tokens (Dr. GRPO)."
-        ),
-    )
-    clip_low: float = Field(
-        0.2, ge=0.0, le=1.0, description="PPO ratio clip below: ratios under 1 - clip_low stop pushing down."
-    )
-    clip_high: float = Field(
-        0.2, ge=0.0, le=10.0, description="PPO ratio clip above (DAPO clip-higher uses 0.28)."
-    )
-    dual_clip: float = Field(
-        0.0,
-        ge=0.0,
-        description="Dual-clip constant c > 1 bounding the loss of negative advantages (0 = off).",
-    )
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each sampled batch.")
-    minibatches: int = Field(
-        1, ge=1, description="Optimizer steps per pass: the batch is split into this many mini-batches."
-    )
-    kl_coef: float = Field(
-        0.0, ge=0.0, description="Weight of the KL-to-reference loss term (0 = no reference model)."
-    )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="Estimator of KL(pi || ref) per token (Schulman's k1, k2, k3)."
-    )
-    entropy_coef: float = Field(
-        0.0, ge=0.0, description="Weight of the entropy bonus (subtracted from the loss)."
-    )
-    grad_clip: float = Field(
-        1.0, ge=0.0, description="Clip the global gradient norm to this value (0 = off)."
-    )
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
-    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
-    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in RL steps.")
-    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
-        "constant", description="Learning-rate decay after warm-up, over train.steps."
-    )
-    old_logprobs: Literal["sampler", "recompute"] = Field(
-        "sampler",
-        description=(
-            "Old-policy log-probs for the PPO ratio: 'sampler' reuses the sampler's (exact for the CPU sampler, "
-            "saves a forward pass); 'recompute' runs the trainer over the batch before updating (use when sampler "
-            "and trainer numerics differ, e.g. vLLM)."
-        ),
-    )
-    tis_cap: float = Field(
-        0.0,
-        ge=0.0,
-        description="Truncated importance sampling: weight tokens by min(pi_old/pi_sampler, cap) (0 = off).",
-    )
-
-    @field_validator("dual_clip")
-    @classmethod
-    def _dual_clip_above_one(cls, c: float) -> float:
-        if 0.0 < c <= 1.0:
-            raise ValueError(
-                "must be 0 (off) or greater than 1: a negative-advantage token's loss is capped at c * |A|, which "
-                "ratio c already reaches, so with c <= 1 those tokens get no gradient at all (Ye et al. use c = 3)"
-            )
-        return c
 
 
 class TrainConfig(Section):

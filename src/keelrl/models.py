@@ -18,6 +18,7 @@ import importlib.metadata
 import socket
 import string
 import threading
+import types
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -141,7 +142,34 @@ def _attn_kwargs(attn_implementation: str) -> dict[str, str]:
 
 
 def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load (model, tokenizer) as `cfg.path` says. The model is in eval mode on CPU; the caller moves it."""
+    """Load (model, tokenizer) as `cfg.path` says. The model is in eval mode on CPU; the caller moves it.
+    `cfg.fp32_head`: its output head computes in float32 (`use_fp32_head`)."""
+    model, tokenizer = _load(cfg)
+    if cfg.fp32_head:
+        use_fp32_head(model)
+    return model, tokenizer
+
+
+def use_fp32_head(model: PreTrainedModel) -> None:
+    """Make the output head compute in float32 whatever the autocast or weight dtype: its input and weight are
+    cast up, the logits come out float32, and the gradient flows back through the casts. The parameter stays
+    the same tensor (names, tying, checkpoints and weight pushes are unchanged); only this module's forward
+    is replaced, and a deep copy of the model keeps it (bound to the copy's head)."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise ModelLoadError(
+            f"model.fp32_head needs a plain linear output head; this model's is {type(head).__name__}"
+        )
+    head.forward = types.MethodType(_fp32_linear, head)  # type: ignore[method-assign]
+
+
+def _fp32_linear(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    with torch.autocast(hidden.device.type, enabled=False):
+        bias = None if self.bias is None else self.bias.float()
+        return torch.nn.functional.linear(hidden.float(), self.weight.float(), bias)
+
+
+def _load(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     path, attn = cfg.path, cfg.attn_implementation
     if path == "tiny":
         tokenizer = build_char_tokenizer()

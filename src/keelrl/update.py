@@ -15,8 +15,8 @@ from transformers import PreTrainedModel
 
 from keelrl.algo.advantages import compute_advantages
 from keelrl.algo.logprobs import Autocast, LogprobModule, autocast_context
-from keelrl.algo.losses import token_weights, truncated_is_weights
-from keelrl.algo.objectives import OBJECTIVES, LossInputs
+from keelrl.algo.losses import masked_is_weights, token_weights, truncated_is_weights
+from keelrl.algo.objectives import LossInputs, compute_loss
 from keelrl.config import AlgoConfig
 from keelrl.distributed import (
     World,
@@ -64,7 +64,7 @@ class TrainBatch:
     lengths: torch.Tensor  # [B]
     old_logprobs: torch.Tensor | None = None  # [B, T] pi_old for the PPO ratio
     ref_logprobs: torch.Tensor | None = None  # [B, T] reference policy, when KL is on
-    is_weights: torch.Tensor | None = None  # [B, T] truncated IS weights, when on
+    is_weights: torch.Tensor | None = None  # [B, T] importance correction (TIS weights x IS masks), when on
 
     def select(self, idx: torch.Tensor) -> TrainBatch:
         """Rows `idx`, cut to the longest of them."""
@@ -160,7 +160,7 @@ def prepare_batch(
     share, autocast = run.update_share_prefix, cfg.train.autocast
     if state.ref_policy is not None:
         batch.ref_logprobs = forward_logprobs(state.ref_policy, batch, mbs, temp, share, autocast)
-    if a.old_logprobs == "recompute" or a.tis_cap > 0:
+    if a.old_logprobs == "recompute" or a.tis_cap > 0 or a.is_mask != "off":
         assert run.train_module is not None  # set by setup for every world size
         batch.old_logprobs = forward_logprobs(run.train_module, batch, mbs, temp, share, autocast)
         metrics.update(mismatch_metrics(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, world))
@@ -168,6 +168,13 @@ def prepare_batch(
         batch.old_logprobs = batch.sampler_logprobs
     if a.tis_cap > 0:
         batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.sampler_logprobs, a.tis_cap)
+    if a.is_mask != "off":
+        keep = masked_is_weights(
+            batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, a.is_mask, *a.is_mask_band
+        )
+        dropped = all_reduce_sum(float(((1.0 - keep) * batch.target_mask).sum()), world)
+        metrics["is_mask/dropped"] = dropped / max(all_reduce_sum(float(batch.target_mask.sum()), world), 1.0)
+        batch.is_weights = keep if batch.is_weights is None else batch.is_weights * keep
     return batch, metrics
 
 
@@ -312,7 +319,7 @@ def minibatch_backward(
             )  # [b, T] metrics'
             lp_old, adv, mask = mb.old_logprobs, mb.advantages, mb.target_mask
             inputs = LossInputs(lp, ent, lp_old, adv, mask, w, mw, mb.ref_logprobs, mb.is_weights)
-            loss, stats = OBJECTIVES[a.objective](inputs, a)
+            loss, stats = compute_loss(inputs, a)
             (loss * scale).backward()
         for key, value in stats.items():
             if key == "ratio/max":

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from keelrl.algo.losses import token_weights
-from keelrl.algo.objectives import OBJECTIVES, LossInputs, ppo_clip
+from keelrl.algo.objectives import OBJECTIVES, LossInputs, compute_loss, ppo_clip
 from keelrl.config import AlgoConfig
 
 
@@ -49,7 +49,7 @@ def build(
 def run(ratios, adv, lengths, *, algo: AlgoConfig | None = None, **kw):
     """-> (loss, d loss / d logprobs, stats, d loss / d entropy)."""
     inputs, lp, entropy = build(ratios, adv, lengths, agg=(algo or AlgoConfig()).loss_agg, **kw)
-    loss, stats = OBJECTIVES["ppo_clip"](inputs, algo or AlgoConfig())
+    loss, stats = compute_loss(inputs, algo or AlgoConfig())
     loss.backward()
     return float(loss.detach()), lp.grad, stats, entropy.grad
 
@@ -208,10 +208,12 @@ def test_metrics_are_token_means_under_constant_normaliser() -> None:
     assert s["ratio/max"] == pytest.approx(10.0)
 
 
-def test_micro_batches_add_up_to_the_mini_batch() -> None:
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+def test_micro_batches_add_up_to_the_mini_batch(objective: str) -> None:
     # rows [0] and [1, 2] weighted with the mini-batch's counts (6 tokens, 3 sequences): losses, gradients
-    # and every metric but ratio/max (a max) add up to the whole mini-batch's.
-    algo = AlgoConfig(**MINI_ALGO)
+    # and every metric but ratio/max (a max) add up to the whole mini-batch's, for every objective (wide
+    # sequence clips, so gspo's clipped and unclipped sequences both occur).
+    algo = AlgoConfig(**MINI_ALGO, objective=objective, seq_clip_low=0.2, seq_clip_high=0.28)
     full_loss, full_grad, full, _ = run(**MINI, algo=algo, max_new_tokens=5)
     parts = [
         run(

@@ -1,0 +1,136 @@
+"""Do the objectives learn? The demo's RL stage (Countdown, tiny model pretrained by `keelrl demo`'s recipe) with
+each `algo.objective`, per seed: held-out accuracy (greedy, 500 problems) of the base and of the final model,
+the paired change with its 95% interval, and the first RL step whose held-out eval (200 problems, every 20
+steps) is 20 points above the step-0 eval. Prints JSON (and writes it to --json).
+
+Each seed pretrains its own base once (as `keelrl demo --seed N` does) and every objective starts from it.
+`--minibatches` (default 4) splits each RL step's batch into that many optimizer steps: only then do tokens get
+stale and the objectives differ (on-policy they have the same gradient, tests/unit/test_objectives_beyond_ppo.py).
+
+    python benchmarks/objectives_learning.py --seeds 0 1 2 --out /tmp/objectives --json docs/objectives_learning.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def base_model(out: Path, seed: int) -> Path:
+    """The demo's pretrained base for `seed` (made once)."""
+    from keelrl.config import TinyModelConfig
+    from keelrl.demo import DEMO_MODEL, DEMO_TASK_PARAMS, DemoPlan, corpus_text, pretrain
+    from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+    from keelrl.tasks import get_task
+
+    path = out / f"seed{seed}" / "base"
+    if (path / "config.json").exists():
+        return path
+    plan = DemoPlan.for_minutes(12.0)
+    task = get_task("countdown", **DEMO_TASK_PARAMS)
+    tok = build_char_tokenizer()
+    model = build_tiny_model(
+        TinyModelConfig(**{**DEMO_MODEL.model_dump(), "init_seed": seed}), len(tok), tok.eos_token_id
+    )
+    pretrain(
+        model,
+        tok,
+        lambda i: corpus_text(task, i, seed),
+        plan.pretrain_steps,
+        plan.pretrain_batch,
+        plan.pretrain_lr,
+        seed,
+    )
+    save_hf_dir(model, tok, path)
+    return path
+
+
+def evaluate(model_path: Path, seed: int) -> Any:
+    from keelrl.demo import DEMO_TASK_PARAMS, _evaluate, demo_rl_config
+    from keelrl.monitor.sinks import make_console
+    from keelrl.tasks import get_task
+
+    task = get_task("countdown", **DEMO_TASK_PARAMS)
+    max_new = demo_rl_config("", DEMO_TASK_PARAMS, 1, 1, seed)["rollout"]["max_new_tokens"]
+    return _evaluate(make_console(stderr=True), str(model_path), task, "compact", max_new, seed)
+
+
+def one_run(
+    out: Path, base: Path, base_report: Any, seed: int, objective: str, minibatches: int
+) -> dict[str, Any]:
+    from keelrl.config import config_from_dict
+    from keelrl.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
+    from keelrl.evaluate import compare_results
+    from keelrl.trainer import train
+
+    plan = DemoPlan.for_minutes(12.0)
+    rl = demo_rl_config(str(base), DEMO_TASK_PARAMS, plan.rl_steps, plan.eval_every, seed)
+    rl["algo"].update(objective=objective, minibatches=minibatches)
+    rl["log"]["progress"] = False
+    run_dir = out / f"seed{seed}" / objective
+    t0 = time.time()
+    summary = train(config_from_dict(rl, "objectives_learning"), run_dir, resume="auto")
+    final = evaluate(run_dir / "final", seed)
+    diff = compare_results(base_report, final)["metrics"]["accuracy"]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [(int(m["step"]), float(m["eval/accuracy"])) for m in metrics if "eval/accuracy" in m]
+    start = next(acc for step, acc in evals if step == 0)
+    reached = next((step for step, acc in evals if acc >= start + 0.20), None)
+    f = final.summary()["metrics"]["accuracy"]
+    return {
+        "seed": seed,
+        "objective": objective,
+        "final": f["value"],
+        "final_ci95": f["ci95"],
+        "change": diff["diff"],
+        "change_ci95": diff["ci"],
+        "verdict": diff["verdict"],
+        "evals": evals,
+        "steps_to_plus_20": reached,
+        "skipped_updates": int(sum(m.get("guard/skipped_updates", 0.0) for m in metrics)),
+        "weights_sha256": summary["weights_sha256"],
+        "wall_s": round(time.time() - t0, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--objectives", nargs="+", default=["ppo_clip", "gspo", "cispo"])
+    ap.add_argument("--minibatches", type=int, default=4)
+    ap.add_argument("--out", default="/tmp/objectives")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    results: list[dict[str, Any]] = []
+    bases: dict[int, float] = {}
+    for seed in args.seeds:
+        base = base_model(out, seed)
+        base_report = evaluate(base, seed)
+        bases[seed] = base_report.summary()["metrics"]["accuracy"]["value"]
+        for objective in args.objectives:
+            results.append(one_run(out, base, base_report, seed, objective, args.minibatches))
+            print(json.dumps(results[-1]), flush=True)
+    doc = {
+        "command": "python benchmarks/objectives_learning.py "
+        + " ".join(
+            f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items() if v
+        ),
+        "minibatches": args.minibatches,
+        "base_accuracy": bases,
+        "runs": results,
+    }
+    text = json.dumps(doc, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

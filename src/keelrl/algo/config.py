@@ -1,0 +1,161 @@
+"""`[algo]`: the RL algorithm's settings (estimator, objective and its clips, importance corrections, optimizer).
+Pydantic only (`keelrl.config` imports it without torch); `keelrl.config.AlgoConfig` is this class."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Default bands of algo.is_mask by level: a token ratio within [1/2, 2] (veRL's typical token threshold 2 and
+# its reciprocal); a sequence's geometric-mean ratio within [0.999, 1.001] (veRL's geometric preset):
+# ../shared/REFERENCE.md, "Sampler/trainer mismatch".
+IS_MASK_BAND = {"token": (0.5, 2.0), "sequence": (0.999, 1.001)}
+
+
+class AlgoConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    lr: float = Field(1e-6, gt=0.0, le=1.0, description="Learning rate of the policy optimizer (AdamW).")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
+        "grpo",
+        description=(
+            "Advantage estimator: grpo (group mean/std), dr_grpo (group mean, no std), rloo (leave-one-out mean), "
+            "reinforce_pp (REINFORCE++: batch-normalised; with group baseline if algo.group_baseline)."
+        ),
+    )
+    group_baseline: bool = Field(
+        True, description="reinforce_pp only: subtract the group mean before batch normalisation."
+    )
+    std_eps: float = Field(1e-6, gt=0.0, description="Added to standard deviations before dividing.")
+    objective: Literal["ppo_clip", "gspo", "gspo_token", "cispo"] = Field(
+        "ppo_clip",
+        description=(
+            "The policy loss (algo/objectives.py): ppo_clip (PPO-clip with clip_low/clip_high and dual clip), gspo "
+            "(one length-normalised ratio per sequence, clipped to seq_clip_low/high, GSPO), gspo_token (GSPO's "
+            "token variant), cispo (the detached importance weight clipped to [cispo_min, cispo_max] times the "
+            "log-prob, CISPO). All take the IS corrections, KL to the reference and the entropy bonus."
+        ),
+    )
+    seq_clip_low: float = Field(
+        3e-4,
+        ge=0.0,
+        le=1.0,
+        description="gspo, gspo_token: sequence ratios under 1 - seq_clip_low stop pushing down.",
+    )
+    seq_clip_high: float = Field(
+        4e-4,
+        ge=0.0,
+        le=10.0,
+        description="gspo, gspo_token: sequence ratios over 1 + seq_clip_high stop pushing up.",
+    )
+    cispo_min: float = Field(
+        0.0,
+        ge=0.0,
+        description="cispo: lower bound of the detached importance weight (0 = none, as MiniMax-M1).",
+    )
+    cispo_max: float = Field(
+        5.0,
+        gt=0.0,
+        description="cispo: upper bound of the detached importance weight (ScaleRL's eps_max, 5).",
+    )
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "constant"] = Field(
+        "token_mean",
+        description=(
+            "Loss normalisation: token_mean divides the summed token losses by the number of trainable tokens in "
+            "the global mini-batch (DAPO); seq_mean_token_mean averages each sequence over its tokens and the "
+            "sequences over the global mini-batch (GRPO paper); constant divides the sum by sequences x "
+            "rollout.max_new_tokens (Dr. GRPO)."
+        ),
+    )
+    clip_low: float = Field(
+        0.2, ge=0.0, le=1.0, description="PPO ratio clip below: ratios under 1 - clip_low stop pushing down."
+    )
+    clip_high: float = Field(
+        0.2, ge=0.0, le=10.0, description="PPO ratio clip above (DAPO clip-higher uses 0.28)."
+    )
+    dual_clip: float = Field(
+        0.0,
+        ge=0.0,
+        description="Dual-clip constant c > 1 bounding the loss of negative advantages (0 = off).",
+    )
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each sampled batch.")
+    minibatches: int = Field(
+        1, ge=1, description="Optimizer steps per pass: the batch is split into this many mini-batches."
+    )
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="Weight of the KL-to-reference loss term (0 = no reference model)."
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Estimator of KL(pi || ref) per token (Schulman's k1, k2, k3)."
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0.0, description="Weight of the entropy bonus (subtracted from the loss)."
+    )
+    grad_clip: float = Field(
+        1.0, ge=0.0, description="Clip the global gradient norm to this value (0 = off)."
+    )
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in RL steps.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Learning-rate decay after warm-up, over train.steps."
+    )
+    old_logprobs: Literal["sampler", "recompute"] = Field(
+        "sampler",
+        description=(
+            "Old-policy log-probs for the PPO ratio: 'sampler' reuses the sampler's (exact for the CPU sampler, "
+            "saves a forward pass); 'recompute' runs the trainer over the batch before updating (use when sampler "
+            "and trainer numerics differ, e.g. vLLM)."
+        ),
+    )
+    tis_cap: float = Field(
+        0.0,
+        ge=0.0,
+        description="Truncated importance sampling: weight tokens by min(pi_old/pi_sampler, cap) (0 = off).",
+    )
+    is_mask: Literal["off", "token", "sequence"] = Field(
+        "off",
+        description=(
+            "Masked importance sampling against the sampler: 'token' drops tokens whose pi_old/pi_sampler leaves "
+            "[is_mask_low, is_mask_high] (IcePop), 'sequence' drops sequences whose geometric-mean ratio leaves it "
+            "(MIS). Dropped terms count in the loss's denominators. Needs old_logprobs = 'recompute' to mean anything."
+        ),
+    )
+    is_mask_low: float | None = Field(
+        None, gt=0.0, description="Lower bound of the kept ratios; default 0.5 (token), 0.999 (sequence)."
+    )
+    is_mask_high: float | None = Field(
+        None, gt=0.0, description="Upper bound of the kept ratios; default 2.0 (token), 1.001 (sequence)."
+    )
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip_above_one(cls, c: float) -> float:
+        if 0.0 < c <= 1.0:
+            raise ValueError(
+                "must be 0 (off) or greater than 1: a negative-advantage token's loss is capped at c * |A|, which "
+                "ratio c already reaches, so with c <= 1 those tokens get no gradient at all (Ye et al. use c = 3)"
+            )
+        return c
+
+    @model_validator(mode="after")
+    def _is_mask_band(self) -> AlgoConfig:
+        if self.is_mask != "off":
+            low, high = self.is_mask_band
+            if not low < 1.0 < high:
+                raise ValueError(
+                    f"algo.is_mask_low = {low:g} and is_mask_high = {high:g} must enclose 1 (low < 1 < high): a sampler "
+                    "that agrees with the trainer has ratio 1, and its tokens must be kept"
+                )
+        return self
+
+    @property
+    def is_mask_band(self) -> tuple[float, float]:
+        """(low, high) of algo.is_mask: the set bounds, else the level's defaults (`IS_MASK_BAND`)."""
+        low, high = IS_MASK_BAND.get(self.is_mask, (0.0, float("inf")))
+        return (
+            self.is_mask_low if self.is_mask_low is not None else low,
+            self.is_mask_high if self.is_mask_high is not None else high,
+        )

@@ -1,0 +1,48 @@
+"""Every objective, the importance masks and the fp32 head in a real (short) training run: the settings reach
+the update, and its metrics say so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from keelrl.config import load_config
+from keelrl.trainer import train
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ['algo.objective="gspo"', "algo.seq_clip_low=0.05", "algo.seq_clip_high=0.05"],
+        ['algo.objective="gspo_token"'],
+        ['algo.objective="cispo"', "algo.cispo_max=1.05"],
+        ['algo.is_mask="token"', "algo.is_mask_low=0.999999", "algo.is_mask_high=1.000001"],
+        ['algo.is_mask="sequence"', 'train.autocast="bf16"', "model.fp32_head=true"],
+    ],
+    ids=["gspo", "gspo_token", "cispo", "token_mask", "sequence_mask_bf16_fp32_head"],
+)
+def test_objectives_and_corrections_train(format_run: list[str], tmp_path: Path, extra: list[str]) -> None:
+    common = [*format_run, "train.steps=2", "algo.minibatches=2", "eval.at_start=false", "eval.every_steps=0"]
+    summary = train(
+        load_config("configs/smoke.toml", [*common, *extra, "supervisor.enabled=false"]), tmp_path
+    )
+    assert summary["state"] == "finished"
+    metrics = _metrics(tmp_path)
+    assert [m["step"] for m in metrics] == [1, 2] and any(m["reward/std"] > 0 for m in metrics)
+    for m in metrics:
+        assert m["loss/total"] == m["loss/total"]  # finite, not NaN
+        if "gspo" in extra[0] or "cispo" in extra[0]:
+            assert "clipfrac/dual" not in m and "clipfrac/high" in m
+    if "cispo" in extra[0]:  # the second mini-batch is stale: some weights reach the 1.05 cap
+        assert any(m["clipfrac/high"] > 0 for m in metrics)
+    if "algo.is_mask" in extra[0]:
+        # the mask path ran (old log-probs recomputed, mismatch measured); keelrl's own sampler agrees with the
+        # trainer to ~1e-6 in fp32 and ~1e-3 in bf16, so even a band of 1e-6 drops (almost) nothing. Dropping
+        # itself: tests/unit/test_objectives_beyond_ppo.py.
+        assert all(0.0 <= m["is_mask/dropped"] < 0.05 and m["mismatch/max_abs"] < 1e-2 for m in metrics)
