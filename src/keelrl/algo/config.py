@@ -120,7 +120,7 @@ class AlgoConfig(BaseModel):
         description=(
             "Masked importance sampling against the sampler: 'token' drops tokens whose pi_old/pi_sampler leaves "
             "[is_mask_low, is_mask_high] (IcePop), 'sequence' drops sequences whose geometric-mean ratio leaves it "
-            "(MIS). Dropped terms count in the loss's denominators. Needs old_logprobs = 'recompute' to mean anything."
+            "(MIS). Dropped terms still count in the loss's denominators; turning it on recomputes the old log-probs."
         ),
     )
     is_mask_low: float | None = Field(

@@ -108,7 +108,10 @@ def masked_is_weights(
 ) -> torch.Tensor:
     """[B, T] 1 = kept, 0 = dropped, without gradient. "token" (IcePop): a token whose pi_old / pi_sampler leaves
     [low, high] is dropped; "sequence" (masked IS): a sequence whose geometric-mean ratio over its trainable
-    tokens leaves [low, high] is dropped whole. A sampler that agrees with the trainer (ratio 1) drops nothing."""
+    tokens leaves [low, high] is dropped whole. A sampler that agrees with the trainer (ratio 1) drops nothing.
+    Departures: the sequence level bounds the geometric mean (veRL's "geometric" level), not the product of the
+    ratios (TRL's sequence_mask), so one band fits every length; dropped tokens stay in the loss's denominators
+    (TRL multiplies by 0 the same way; veRL removes them from the mask, which rescales the kept ones)."""
     old, sampler = old_logprobs.detach(), sampler_logprobs.detach()
     if level == "token":
         ratio = torch.exp((old - sampler).clamp(-20.0, 20.0))  # [B, T]
