@@ -1,10 +1,10 @@
-"""Mutation audit of the policy loss: do the unit tests catch each plausible slip in its assembly?
+"""Mutation audit of the policy and value losses: do the unit tests catch each plausible slip in their assembly?
 
-Each mutation is one exact text replacement in algo/objectives.py or algo/losses.py (it must match
+Each mutation is one exact text replacement in algo/objectives.py, algo/losses.py or algo/gae.py (it must match
 exactly once). For each, a fresh copy of src/keelrl gets the patch and the loss tests run against it
 (PYTHONPATH at the copy). Prints JSON, one entry per mutation with `caught`; exits 1 if any mutation
 survives or the unpatched tests fail. About a minute on one core. MUTATE_TESTS="a.py b.py" picks
-the test files (default: the objective, loss and TRL-oracle tests).
+the test files (default: the objective, loss, GAE and TRL-oracle tests).
 
     python benchmarks/mutate_loss.py
 """
@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = os.environ.get(
     "MUTATE_TESTS",
     "tests/unit/test_objectives.py tests/unit/test_objectives_beyond_ppo.py tests/unit/test_losses.py "
-    "tests/unit/test_trl_oracle.py",
+    "tests/unit/test_trl_oracle.py tests/unit/test_gae.py",
 ).split()
-OBJ, LOSSES = "algo/objectives.py", "algo/losses.py"
+OBJ, LOSSES, GAE = "algo/objectives.py", "algo/losses.py", "algo/gae.py"
 
 # name -> (file under src/keelrl, exact text, replacement)
 MUTATIONS: dict[str, tuple[str, str, str]] = {
@@ -107,6 +107,20 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
         "ratio.clamp_min(algo.cispo_min)",
     ),
     "cispo_without_the_log_prob": (OBJ, "-weight * adv * x.logprobs", "-weight * adv"),
+    "gae_lambda_ignored": (GAE, "a_t = delta + gamma * lam * next_adv", "a_t = delta + gamma * next_adv"),
+    "gae_gamma_ignored_in_delta": (GAE, "rewards[:, t] + gamma * next_value", "rewards[:, t] + next_value"),
+    "gae_runs_through_inserted_positions": (
+        GAE,
+        "next_value = torch.where(on, values[:, t], next_value)",
+        "next_value = values[:, t]",
+    ),
+    "returns_without_the_values": (GAE, "return adv, (adv + values) * mask", "return adv, adv * mask"),
+    "value_loss_unclipped": (GAE, "0.5 * torch.maximum(plain_sq, clipped_sq)", "0.5 * plain_sq"),
+    "whiten_without_the_std": (
+        GAE,
+        "return (x - mean) / (var**0.5 + 1e-8) * mask",
+        "return (x - mean) * mask",
+    ),
     "is_mask_keeps_the_outside": (
         LOSSES,
         "return ((ratio >= low) & (ratio <= high))",

@@ -120,6 +120,11 @@ def snapshot(
         "scheduler": train_state.scheduler.state_dict(),
         "rng": capture_rng(),
     }
+    if train_state.critic is not None and train_state.critic_optimizer is not None:
+        trainer["critic"] = {
+            "weights": _cpu_copy(train_state.critic.state_dict()),
+            "optimizer": _cpu_copy(train_state.critic_optimizer.state_dict()),
+        }
     state = {**train_state.counters(), "config": config, **extra}
     return Snapshot(
         step=train_state.step,
@@ -302,6 +307,11 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
         trainer = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
     except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, ImportError, AttributeError) as err:
         raise CheckpointUnreadable(f"{TRAINER_STATE} does not load ({type(err).__name__}: {err})") from None
+    if train_state.critic is not None and "critic" not in trainer:
+        raise CheckpointError(
+            f"{path} has no value model (a run without algo.advantage = 'gae' saved it); start a new run directory "
+            "to train with a critic"
+        )
     saved_sharded = trainer["optimizer"].get("format") == "sharded"
     if is_sharded(policy):
         if not saved_sharded:
@@ -326,6 +336,9 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
 
 
 def _restore_rest(path: Path, train_state: TrainState, trainer: dict[str, Any]) -> dict[str, Any]:
+    if train_state.critic is not None and train_state.critic_optimizer is not None:
+        train_state.critic.load_state_dict(trainer["critic"]["weights"])
+        train_state.critic_optimizer.load_state_dict(trainer["critic"]["optimizer"])
     train_state.scheduler.load_state_dict(trainer["scheduler"])
     restore_rng(trainer["rng"])
     state = read_state(path)

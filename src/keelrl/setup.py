@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from keelrl import checkpoint as ckpt
 from keelrl.config import Config, config_to_dict
 from keelrl.config_checks import check_batch_arithmetic
+from keelrl.critic import build_critic
 from keelrl.curriculum import make_source
 from keelrl.distributed import World, broadcast_object, init_world, wrap_for_training
 from keelrl.faults import FaultInjector
@@ -135,7 +136,23 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             ref.to(world.device).eval().requires_grad_(False)
             if cfg.train.compile:
                 compile_decoder(ref)
-        state = TrainState(step=0, policy=policy, optimizer=optimizer, scheduler=scheduler, ref_policy=ref)
+        critic, critic_opt = None, None
+        if cfg.algo.advantage == "gae":
+            if world.world_size > 1:
+                raise ValueError(
+                    f"algo.advantage = 'gae' (PPO with a learned critic) runs in one process for now; this run has "
+                    f"{world.world_size} ranks. Use a group estimator (grpo, rloo, ...) under torchrun."
+                )
+            critic, critic_opt = build_critic(cfg.model, cfg.algo, world.device)
+        state = TrainState(
+            step=0,
+            policy=policy,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            ref_policy=ref,
+            critic=critic,
+            critic_optimizer=critic_opt,
+        )
         source = make_source(task, cfg.curriculum, cfg.train.seed)
         restore_or_start(run_dir, state, resume, config_dict)
         source.load_state_dict(state.curriculum)

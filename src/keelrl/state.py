@@ -22,6 +22,9 @@ class TrainState:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     ref_policy: PreTrainedModel | None = None  # frozen copy of the initial policy; rebuilt, not saved
+    # the value model and its optimizer (algo.advantage = "gae"); saved in trainer_state.pt
+    critic: torch.nn.Module | None = None
+    critic_optimizer: torch.optim.Optimizer | None = None
     policy_version: int = 0  # increments with every optimizer update of the policy
     best_metric: float | None = None  # best value of checkpoint.best_metric so far
     best_step: int | None = None

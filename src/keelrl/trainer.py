@@ -132,10 +132,10 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     tc = time.perf_counter()
     run.heartbeat.beat(phase="update")
     metrics.update(rollout_metrics(run, rollouts))
-    advantage_metrics, advantage_abs_mean = advantage_phase(run, rollouts)
-    metrics.update(advantage_metrics)
     batch, prep = prepare_batch(run, state, rollouts)
     metrics.update(prep)
+    advantage_metrics, advantage_abs_mean = advantage_phase(run, state, rollouts, batch)
+    metrics.update(advantage_metrics)
     metrics.update(update_phase(run, state, batch, advantage_abs_mean))
     t3 = time.perf_counter()
     state.step += 1

@@ -18,6 +18,7 @@ from keelrl.algo.logprobs import Autocast, LogprobModule, autocast_context
 from keelrl.algo.losses import masked_is_weights, token_weights, truncated_is_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
 from keelrl.config import AlgoConfig
+from keelrl.critic import ValueModel, critic_advantages, critic_backward
 from keelrl.distributed import (
     World,
     agree_on_norm,
@@ -36,18 +37,27 @@ from keelrl.supervisor import pulse
 from keelrl.weight_sync import sync_sampler
 
 
-def advantage_phase(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, float], float]:
-    """Advantages from the global batch's rewards (gathered on every rank, each keeping its slice); returns
-    the estimator's metrics and the mean |advantage| (the per-step guards scale their loss bound by it)."""
+def advantage_phase(
+    run: Run, state: TrainState, rollouts: list[Rollout], batch: TrainBatch
+) -> tuple[dict[str, float], float]:
+    """Advantages into the rollouts and `batch.advantages`: from the global batch's rewards (gathered on every
+    rank, each keeping its slice), or per token from the critic (`gae`: critic.py). Returns the estimator's
+    metrics and the mean |advantage| (the per-step guards scale their loss bound by it)."""
     a = run.cfg.algo
+    if a.advantage == "gae":
+        assert state.critic is not None  # built by setup for gae
+        mbs, autocast = run.cfg.train.micro_batch_size, run.cfg.train.autocast
+        return critic_advantages(state.critic, batch, rollouts, a, run.world, mbs, autocast)
     local = [r.reward for r in rollouts]
     rewards = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)
     adv, metrics = compute_advantages(
         rewards, run.cfg.rollout.group_size, a.advantage, a.std_eps, a.group_baseline
     )
     offset = run.world.rank * len(rollouts)
-    for r, value in zip(rollouts, adv[offset : offset + len(rollouts)].tolist()):
+    mine = adv[offset : offset + len(rollouts)]
+    for r, value in zip(rollouts, mine.tolist()):
         r.advantage = value
+    batch.advantages = mine.to(batch.advantages.device, torch.float32)
     return metrics, metrics["advantage/abs_mean"]
 
 
@@ -60,11 +70,13 @@ class TrainBatch:
     attention_mask: torch.Tensor  # [B, T]
     target_mask: torch.Tensor  # [B, T]
     sampler_logprobs: torch.Tensor  # [B, T]
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B] (one per sequence), or [B, T] (per token: gae)
     lengths: torch.Tensor  # [B]
     old_logprobs: torch.Tensor | None = None  # [B, T] pi_old for the PPO ratio
     ref_logprobs: torch.Tensor | None = None  # [B, T] reference policy, when KL is on
     is_weights: torch.Tensor | None = None  # [B, T] importance correction (TIS weights x IS masks), when on
+    returns: torch.Tensor | None = None  # [B, T] the critic's targets (gae)
+    old_values: torch.Tensor | None = None  # [B, T] the critic's values when the batch was scored (gae)
 
     def select(self, idx: torch.Tensor) -> TrainBatch:
         """Rows `idx`, cut to the longest of them."""
@@ -205,6 +217,8 @@ def update_phase(
     skipped = nonfinite = 0
     lr = state.optimizer.param_groups[0]["lr"]
     mb_size = B // a.minibatches
+    critic, critic_opt = state.critic, state.critic_optimizer
+    warmup = critic is not None and state.step < a.critic_warmup_steps  # the critic learns, the policy waits
     for epoch in range(a.ppo_epochs):
         perm = torch.arange(B, device=world.device)
         if a.minibatches > 1:
@@ -214,6 +228,8 @@ def update_phase(
             perm = torch.randperm(B, generator=g).to(world.device)
         for m in range(a.minibatches):
             state.optimizer.zero_grad(set_to_none=True)
+            if critic_opt is not None:
+                critic_opt.zero_grad(set_to_none=True)
             stats = minibatch_backward(
                 run.train_module,
                 batch,
@@ -225,6 +241,7 @@ def update_phase(
                 world,
                 share_prefix=run.update_share_prefix,
                 autocast=cfg.train.autocast,
+                critic=critic,
             )
             ratio_max = max(ratio_max, stats.pop("ratio/max"))
             sums.update(stats)
@@ -242,6 +259,8 @@ def update_phase(
             )
             if finding is not None and finding.action == "skip":
                 state.optimizer.zero_grad(set_to_none=True)
+                if critic_opt is not None:
+                    critic_opt.zero_grad(set_to_none=True)
                 skipped += 1
                 nonfinite += finding.name == "nonfinite"
                 run.live.escalate = run.live.guardian.record_skip(state.step + 1) or run.live.escalate
@@ -255,7 +274,11 @@ def update_phase(
                     minibatch=m,
                 )
                 continue
-            state.optimizer.step()
+            if not warmup:
+                state.optimizer.step()
+            if critic is not None and critic_opt is not None:
+                sums["critic/grad_norm"] += grad_norm_and_clip(critic, a.grad_clip)
+                critic_opt.step()
     with warnings.catch_warnings():
         # The schedule follows the RL step, skipped updates included, so that a guard's skip (or a resume)
         # never shifts the learning rate; PyTorch warns when the run's first optimizer step was skipped.
@@ -269,6 +292,8 @@ def update_phase(
     out["lr"] = lr
     out["guard/skipped_updates"] = float(skipped)
     out["guard/nonfinite_updates"] = float(nonfinite)
+    if critic is not None:
+        out["critic/warmup"] = float(warmup)
     out.update(sync)
     return out
 
@@ -284,6 +309,7 @@ def minibatch_backward(
     world: World,
     share_prefix: bool = True,
     autocast: Autocast = "off",
+    critic: ValueModel | None = None,
 ) -> dict[str, float]:
     """Accumulate into .grad the gradient of the mini-batch `idx`'s loss, one micro-batch at a time, each
     weighted with the mini-batch's global token and sequence counts (so the gradient is the same for any
@@ -321,6 +347,8 @@ def minibatch_backward(
             inputs = LossInputs(lp, ent, lp_old, adv, mask, w, mw, mb.ref_logprobs, mb.is_weights)
             loss, stats = compute_loss(inputs, a)
             (loss * scale).backward()
+        if critic is not None:  # its value loss, token-mean weighted like the metrics (critic.py)
+            stats.update(critic_backward(critic, mb, mw, a.value_clip, scale, autocast))
         for key, value in stats.items():
             if key == "ratio/max":
                 sums[key] = max(sums[key], value)

@@ -146,3 +146,41 @@ def test_micro_batching_does_not_change_any_objective(tiny_model, char_tokenizer
         assert loss == pytest.approx(loss_8, abs=1e-6)
         assert all(torch.allclose(a, c, atol=1e-6, rtol=0) for a, c in zip(grads, g8))
     assert any(float(g.abs().max()) > 1e-4 for g in g8)
+
+
+def test_micro_batching_does_not_change_the_critic(tiny_model, char_tokenizer) -> None:
+    """gae: per-token advantages from a value model; the policy's and the critic's gradients and the value loss
+    are the same for 1, 4 or 8 rows per micro-batch."""
+    from keelrl.critic import ValueModel, critic_advantages
+
+    model = copy.deepcopy(tiny_model)
+    rollouts = _rollouts(model, char_tokenizer, n=8, seed=3)
+    for i, r in enumerate(rollouts):
+        r.reward = float(i % 3)
+    batch = collate(rollouts, char_tokenizer.pad_token_id, torch.device("cpu"))
+    batch.old_logprobs = batch.sampler_logprobs
+    critic = ValueModel(copy.deepcopy(tiny_model))
+    torch.nn.init.normal_(critic.head.weight, std=0.5, generator=torch.Generator().manual_seed(0))
+    algo = AlgoConfig(advantage="gae", lam=0.9, value_clip=0.05)
+    metrics, abs_mean = critic_advantages(critic, batch, rollouts, algo, World(), 4, "off")
+    assert batch.advantages.shape == batch.target_mask.shape and abs_mean > 0
+    assert metrics["critic/value_mean"] != 0.0
+    with torch.no_grad():  # the critic moves away from the values the batch was scored with: clipping matters
+        critic.head.weight.add_(0.3)
+    results = []
+    for micro in (1, 4, 8):
+        model.zero_grad(set_to_none=True)
+        critic.zero_grad(set_to_none=True)
+        stats = minibatch_backward(
+            model, batch, torch.arange(8), algo, micro, 1.0, 12, World(), critic=critic
+        )
+        policy_grads = [p.grad.clone() for p in model.parameters()]
+        critic_grads = [p.grad.clone() for p in critic.parameters()]
+        results.append((stats["critic/value_loss"], stats["critic/clipfrac"], policy_grads, critic_grads))
+    loss_8, clip_8, p8, c8 = results[-1]
+    assert loss_8 > 0 and 0 < clip_8 < 1
+    for loss, clip, pg, cg in results[:-1]:
+        assert loss == pytest.approx(loss_8, rel=1e-6) and clip == pytest.approx(clip_8, abs=1e-6)
+        assert all(torch.allclose(a, c, atol=1e-6, rtol=0) for a, c in zip(pg, p8))
+        # the critic's gradients reach 46 here (the policy's 0.2): padding to other lengths moves their last bits
+        assert all(torch.allclose(a, c, atol=1e-5, rtol=1e-4) for a, c in zip(cg, c8))

@@ -17,12 +17,28 @@ class AlgoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     lr: float = Field(1e-6, gt=0.0, le=1.0, description="Learning rate of the policy optimizer (AdamW).")
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field(
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"] = Field(
         "grpo",
         description=(
             "Advantage estimator: grpo (group mean/std), dr_grpo (group mean, no std), rloo (leave-one-out mean), "
-            "reinforce_pp (REINFORCE++: batch-normalised; with group baseline if algo.group_baseline)."
+            "reinforce_pp (REINFORCE++: batch-normalised; with group baseline if algo.group_baseline), gae (PPO "
+            "with a learned critic: a value model of the policy's architecture, GAE(gamma, lam) per token)."
         ),
+    )
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="gae: discount per token (TinyZero's PPO: 1).")
+    lam: float = Field(
+        1.0, ge=0.0, le=1.0, description="gae: GAE's lambda (1: Monte-Carlo return minus the value)."
+    )
+    critic_lr: float = Field(
+        1e-5, gt=0.0, le=1.0, description="gae: learning rate of the value model (AdamW)."
+    )
+    value_clip: float = Field(
+        0.5,
+        gt=0.0,
+        description="gae: the value loss's clip around the values the batch was scored with (PPO).",
+    )
+    critic_warmup_steps: int = Field(
+        0, ge=0, description="gae: RL steps at the start that train the value model only (the policy waits)."
     )
     group_baseline: bool = Field(
         True, description="reinforce_pp only: subtract the group mean before batch normalisation."

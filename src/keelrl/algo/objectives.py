@@ -66,7 +66,7 @@ class LossInputs:
     logprobs: torch.Tensor  # [b, T] current policy, with grad
     entropy: torch.Tensor  # [b, T] (with grad only when the objective uses it)
     old_logprobs: torch.Tensor  # [b, T] the policy that produced the batch (PPO ratio denominator)
-    advantages: torch.Tensor  # [b] one per sequence; the objective broadcasts it over the tokens
+    advantages: torch.Tensor  # [b] one per sequence (broadcast over its tokens), or [b, T] per token (gae)
     mask: torch.Tensor  # [b, T] 1 = trainable target token
     loss_weights: torch.Tensor  # [b, T] losses.token_weights(mask, algo.loss_agg, global counts)
     metric_weights: torch.Tensor  # [b, T] mask / global trainable tokens (token means)
@@ -89,7 +89,9 @@ Objective = Callable[["LossInputs", "AlgoConfig"], LossOutputs]
 
 
 def token_advantages(x: LossInputs) -> torch.Tensor:
-    """[b, T]: each sequence's advantage on each of its positions."""
+    """[b, T]: each sequence's advantage on each of its positions, or the per-token advantages as given (gae)."""
+    if x.advantages.ndim == 2:
+        return x.advantages
     return x.advantages[:, None].expand_as(x.logprobs)
 
 

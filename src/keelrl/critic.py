@@ -1,0 +1,137 @@
+"""PPO's learned critic (`algo.advantage = "gae"`): the value model, the advantages it gives a batch, and its
+share of each micro-batch's backward. The math (GAE, whitening, the clipped value loss) is in algo/gae.py.
+
+- The value model is a separate copy of the policy's architecture and starting weights (`model.path`) with a
+  scalar head on the final hidden state, zero-initialised (every value starts at 0, so the first advantages are
+  the whitened returns). It lives in `TrainState.critic` with its own AdamW (`critic_optimizer`, lr
+  `algo.critic_lr`): checkpointed in `trainer_state.pt`, restored on resume and rollback.
+- `critic_advantages`: values of the batch (no grad) -> GAE with the outcome reward on the last trainable
+  position -> advantages whitened over the global batch's trainable tokens. Each rollout's logged advantage is
+  its token mean.
+- `critic_backward`: the clipped value loss of a micro-batch, a token mean over the global mini-batch (so
+  micro-batching does not change it), backward into the value model; its optimizer steps when the policy's
+  does (a guard's skip drops both), and alone during `algo.critic_warmup_steps`.
+
+Not built yet: a value head on the policy's own trunk (one model for both), and the critic under torchrun
+(refused at setup).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import PreTrainedModel
+
+from keelrl.algo.gae import explained_variance, gae, terminal_rewards, value_loss, whiten
+from keelrl.algo.logprobs import Autocast, autocast_context
+from keelrl.config import AlgoConfig, ModelConfig
+from keelrl.distributed import World, all_reduce_sum
+
+if TYPE_CHECKING:
+    from keelrl.rollout import Rollout
+    from keelrl.update import TrainBatch
+
+
+class ValueModel(torch.nn.Module):
+    """A decoder (the policy's architecture) and a scalar head: values [B, T], one per position."""
+
+    def __init__(self, backbone: PreTrainedModel) -> None:
+        super().__init__()
+        self.body = backbone.get_decoder()
+        self.head = torch.nn.Linear(backbone.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        return self.head(hidden).squeeze(-1).float()  # [B, T]
+
+
+def build_critic(
+    model: ModelConfig, algo: AlgoConfig, device: torch.device
+) -> tuple[ValueModel, torch.optim.Optimizer]:
+    """The value model from the policy's starting weights, and its optimizer."""
+    from keelrl.models import load_policy
+
+    backbone, _ = load_policy(model)
+    critic = ValueModel(backbone).to(device).eval()  # eval: no dropout, deterministic as the policy
+    optimizer = torch.optim.AdamW(
+        critic.parameters(),
+        lr=algo.critic_lr,
+        betas=(algo.adam_beta1, algo.adam_beta2),
+        weight_decay=algo.weight_decay,
+    )
+    return critic, optimizer
+
+
+def batch_values(
+    critic: ValueModel, batch: TrainBatch, micro_batch_size: int, autocast: Autocast
+) -> torch.Tensor:
+    """Values [B, T] of the batch's positions (no grad), micro-batch by micro-batch."""
+    out = torch.zeros_like(batch.sampler_logprobs)
+    B = batch.input_ids.shape[0]
+    for start in range(0, B, micro_batch_size):
+        idx = torch.arange(start, min(start + micro_batch_size, B), device=batch.input_ids.device)
+        mb = batch.select(idx)
+        with torch.no_grad(), autocast_context(mb.input_ids.device, autocast):
+            v = critic(mb.input_ids, mb.attention_mask)
+        out[idx, : v.shape[1]] = v
+    return out
+
+
+def critic_advantages(
+    critic: ValueModel,
+    batch: TrainBatch,
+    rollouts: list[Rollout],
+    algo: AlgoConfig,
+    world: World,
+    micro_batch_size: int,
+    autocast: Autocast,
+) -> tuple[dict[str, float], float]:
+    """Set `batch.advantages` ([B, T], whitened), `batch.returns` and `batch.old_values`; returns the metrics and
+    the mean |advantage| (the per-step guards' scale)."""
+    mask = batch.target_mask
+    values = batch_values(critic, batch, micro_batch_size, autocast) * mask
+    rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=mask.device)
+    adv, returns = gae(terminal_rewards(mask, rewards), values, mask, algo.gamma, algo.lam)
+    count = all_reduce_sum(float(mask.sum()), world)
+    total, total_sq = (
+        all_reduce_sum(float(adv.sum()), world),
+        all_reduce_sum(float(adv.square().sum()), world),
+    )
+    white = whiten(adv, mask, total, total_sq, count)
+    batch.advantages, batch.returns, batch.old_values = white, returns, values
+    per_row = (white.sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)).tolist()
+    for r, a in zip(rollouts, per_row, strict=True):
+        r.advantage = a
+    abs_mean = all_reduce_sum(float(white.abs().sum()), world) / max(count, 1.0)
+    metrics = {
+        "advantage/mean": total / max(count, 1.0),  # before whitening
+        "advantage/abs_mean": abs_mean,
+        "critic/value_mean": all_reduce_sum(float(values.sum()), world) / max(count, 1.0),
+        "critic/return_mean": all_reduce_sum(float(returns.sum()), world) / max(count, 1.0),
+        "critic/explained_variance": explained_variance(values, returns, mask),  # this rank's tokens
+    }
+    return metrics, abs_mean
+
+
+def critic_backward(
+    critic: ValueModel,
+    mb: TrainBatch,
+    metric_weights: torch.Tensor,
+    clip: float,
+    scale: float,
+    autocast: Autocast,
+) -> dict[str, float]:
+    """The micro-batch's clipped value loss (token-mean weights with global counts), backward into the critic."""
+    assert mb.returns is not None and mb.old_values is not None
+    with autocast_context(mb.input_ids.device, autocast):
+        values = critic(mb.input_ids, mb.attention_mask)[:, : mb.returns.shape[1]]  # [b, T]
+    per_token, clipped = value_loss(values, mb.old_values, mb.returns, clip)
+    loss = (per_token * metric_weights).sum()
+    (loss * scale).backward()
+    return {
+        "critic/value_loss": float(loss.detach()),
+        "critic/clipfrac": float((clipped * metric_weights).sum()),
+    }
