@@ -1,10 +1,12 @@
 """PPO's learned critic (`algo.advantage = "gae"`): the value model, the advantages it gives a batch, and its
 share of each micro-batch's backward. The math (GAE, whitening, the clipped value loss) is in algo/gae.py.
 
-- The value model is a separate copy of the policy's architecture and starting weights (`model.path`) with a
-  scalar head on the final hidden state, zero-initialised (every value starts at 0, so the first advantages are
-  the whitened returns). It lives in `TrainState.critic` with its own AdamW (`critic_optimizer`, lr
-  `algo.critic_lr`): checkpointed in `trainer_state.pt`, restored on resume and rollback.
+- The value model is a scalar head on a decoder's final hidden state, zero-initialised (every value starts at
+  0, so the first advantages are the whitened returns). `algo.critic = "separate"`: the decoder is its own copy
+  of the policy's architecture and starting weights (`model.path`); "shared": it is the policy's own decoder,
+  which then gets the value loss's gradient too (times `algo.value_coef`) and trains with the policy's optimizer.
+  The model lives in `TrainState.critic` with its own AdamW over its own parameters (`critic_optimizer`, lr
+  `algo.critic_lr`; shared: the head only), checkpointed in `trainer_state.pt`, restored on resume and rollback.
 - `critic_advantages`: values of the batch (no grad) -> GAE with the outcome reward on the last trainable
   position -> advantages whitened over the global batch's trainable tokens. Each rollout's logged advantage is
   its token mean.
@@ -12,8 +14,8 @@ share of each micro-batch's backward. The math (GAE, whitening, the clipped valu
   micro-batching does not change it), backward into the value model; its optimizer steps when the policy's
   does (a guard's skip drops both), and alone during `algo.critic_warmup_steps`.
 
-Not built yet: a value head on the policy's own trunk (one model for both), and the critic under torchrun
-(refused at setup).
+Not built yet: the critic under torchrun (refused at setup). The shared trunk runs its own forward for the
+values (not fused with the log-prob forward): simpler, one more trunk pass per micro-batch.
 """
 
 from __future__ import annotations
@@ -34,28 +36,38 @@ if TYPE_CHECKING:
 
 
 class ValueModel(torch.nn.Module):
-    """A decoder (the policy's architecture) and a scalar head: values [B, T], one per position."""
+    """A decoder (the policy's architecture) and a scalar head: values [B, T], one per position. `shared`: the
+    decoder is `backbone`'s own and not a submodule here, so `parameters()` and `state_dict()` are the head's."""
 
-    def __init__(self, backbone: PreTrainedModel) -> None:
+    def __init__(self, backbone: PreTrainedModel, shared: bool = False) -> None:
         super().__init__()
-        self.body = backbone.get_decoder()
+        if shared:
+            self.shared_body = [backbone.get_decoder()]  # a list: not registered, it belongs to the policy
+        else:
+            self.body = backbone.get_decoder()
         self.head = torch.nn.Linear(backbone.config.hidden_size, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
+    @property
+    def shared(self) -> bool:
+        return hasattr(self, "shared_body")
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
+        body = self.shared_body[0] if self.shared else self.body
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
         return self.head(hidden).squeeze(-1).float()  # [B, T]
 
 
 def build_critic(
-    model: ModelConfig, algo: AlgoConfig, device: torch.device
+    model: ModelConfig, algo: AlgoConfig, policy: PreTrainedModel, device: torch.device
 ) -> tuple[ValueModel, torch.optim.Optimizer]:
-    """The value model from the policy's starting weights, and its optimizer."""
+    """The value model (`algo.critic`: its own copy of the starting weights, or a head on `policy`'s trunk) and
+    its optimizer."""
     from keelrl.models import load_policy
 
-    backbone, _ = load_policy(model)
-    critic = ValueModel(backbone).to(device).eval()  # eval: no dropout, deterministic as the policy
+    backbone = policy if algo.critic == "shared" else load_policy(model)[0]
+    critic = ValueModel(backbone, shared=algo.critic == "shared").to(device).eval()  # eval: deterministic
     optimizer = torch.optim.AdamW(
         critic.parameters(),
         lr=algo.critic_lr,
@@ -120,17 +132,18 @@ def critic_backward(
     critic: ValueModel,
     mb: TrainBatch,
     metric_weights: torch.Tensor,
-    clip: float,
+    algo: AlgoConfig,
     scale: float,
     autocast: Autocast,
 ) -> dict[str, float]:
-    """The micro-batch's clipped value loss (token-mean weights with global counts), backward into the critic."""
+    """The micro-batch's clipped value loss (token-mean weights with global counts), backward into the critic
+    (shared: into the head and, times `algo.value_coef`, the policy's trunk)."""
     assert mb.returns is not None and mb.old_values is not None
     with autocast_context(mb.input_ids.device, autocast):
         values = critic(mb.input_ids, mb.attention_mask)[:, : mb.returns.shape[1]]  # [b, T]
-    per_token, clipped = value_loss(values, mb.old_values, mb.returns, clip)
+    per_token, clipped = value_loss(values, mb.old_values, mb.returns, algo.value_clip)
     loss = (per_token * metric_weights).sum()
-    (loss * scale).backward()
+    (loss * scale * (algo.value_coef if critic.shared else 1.0)).backward()
     return {
         "critic/value_loss": float(loss.detach()),
         "critic/clipfrac": float((clipped * metric_weights).sum()),

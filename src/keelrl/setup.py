@@ -143,7 +143,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
                     f"algo.advantage = 'gae' (PPO with a learned critic) runs in one process for now; this run has "
                     f"{world.world_size} ranks. Use a group estimator (grpo, rloo, ...) under torchrun."
                 )
-            critic, critic_opt = build_critic(cfg.model, cfg.algo, world.device)
+            critic, critic_opt = build_critic(cfg.model, cfg.algo, policy, world.device)
         state = TrainState(
             step=0,
             policy=policy,

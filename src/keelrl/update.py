@@ -348,7 +348,7 @@ def minibatch_backward(
             loss, stats = compute_loss(inputs, a)
             (loss * scale).backward()
         if critic is not None:  # its value loss, token-mean weighted like the metrics (critic.py)
-            stats.update(critic_backward(critic, mb, mw, a.value_clip, scale, autocast))
+            stats.update(critic_backward(critic, mb, mw, a, scale, autocast))
         for key, value in stats.items():
             if key == "ratio/max":
                 sums[key] = max(sums[key], value)

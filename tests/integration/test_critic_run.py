@@ -41,7 +41,11 @@ def _critic(run: Path) -> dict[str, torch.Tensor]:
     return state["critic"]["weights"]
 
 
-def test_critic_learns_resumes_exactly_and_warms_up(format_run: list[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("critic", ["separate", "shared"])
+def test_critic_learns_resumes_exactly_and_warms_up(
+    format_run: list[str], tmp_path: Path, critic: str
+) -> None:
+    format_run = [*format_run, f'algo.critic="{critic}"']
     clean = _train(format_run, tmp_path / "clean")
     metrics = _metrics(tmp_path / "clean")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4] and any(m["reward/std"] > 0 for m in metrics)
@@ -58,6 +62,8 @@ def test_critic_learns_resumes_exactly_and_warms_up(format_run: list[str], tmp_p
     assert metrics[-1]["critic/value_loss"] < metrics[0]["critic/value_loss"]
     weights = _critic(tmp_path / "clean")
     assert float(weights["head.weight"].abs().sum()) > 0
+    # a shared critic saves its head only (the trunk is the policy's, saved as the policy)
+    assert (set(weights) == {"head.weight", "head.bias"}) == (critic == "shared")
 
     with pytest.raises(InjectedFault):
         _train(format_run, tmp_path / "resumed", "faults.crash_at_step=2")
@@ -71,6 +77,7 @@ def test_critic_learns_resumes_exactly_and_warms_up(format_run: list[str], tmp_p
 
     warm = _train(format_run, tmp_path / "warm", "algo.critic_warmup_steps=2", "train.steps=2")
     initial, _ = load_policy(ModelConfig(path=format_run[0].split("=", 1)[1].strip('"')))
+    assert clean["weights_sha256"] != weights_sha256(initial)
     assert warm["weights_sha256"] == weights_sha256(initial)  # the policy waited
     assert [m["critic/warmup"] for m in _metrics(tmp_path / "warm")] == [1.0, 1.0]
     assert float(_critic(tmp_path / "warm")["head.weight"].abs().sum()) > 0  # the critic did not

@@ -184,3 +184,32 @@ def test_micro_batching_does_not_change_the_critic(tiny_model, char_tokenizer) -
         assert all(torch.allclose(a, c, atol=1e-6, rtol=0) for a, c in zip(pg, p8))
         # the critic's gradients reach 46 here (the policy's 0.2): padding to other lengths moves their last bits
         assert all(torch.allclose(a, c, atol=1e-5, rtol=1e-4) for a, c in zip(cg, c8))
+
+
+def test_a_shared_critic_sends_the_value_loss_into_the_policy_trunk(tiny_model, char_tokenizer) -> None:
+    """critic = "shared": the head sits on the policy's own decoder; the value loss's gradient reaches the
+    trunk, scaled by value_coef (double it, double the gradient), and only the head is the critic's to save."""
+    from keelrl.algo.losses import token_weights
+    from keelrl.critic import ValueModel, critic_advantages, critic_backward
+
+    model = copy.deepcopy(tiny_model)
+    rollouts = _rollouts(model, char_tokenizer, n=8, seed=4)
+    for i, r in enumerate(rollouts):
+        r.reward = float(i % 2)
+    batch = collate(rollouts, char_tokenizer.pad_token_id, torch.device("cpu"))
+    critic = ValueModel(model, shared=True)
+    assert set(critic.state_dict()) == {"head.weight", "head.bias"}
+    assert {id(p) for p in critic.parameters()} == {id(critic.head.weight), id(critic.head.bias)}
+    torch.nn.init.normal_(critic.head.weight, std=0.5, generator=torch.Generator().manual_seed(1))
+    critic_advantages(critic, batch, rollouts, AlgoConfig(advantage="gae"), World(), 4, "off")
+    mw = token_weights(batch.target_mask, "token_mean", float(batch.target_mask.sum()), 8.0, 12)
+    grads = {}
+    for coef in (0.1, 0.2):
+        model.zero_grad(set_to_none=True)
+        critic.zero_grad(set_to_none=True)
+        algo = AlgoConfig(advantage="gae", critic="shared", value_coef=coef)
+        critic_backward(critic, batch, mw, algo, 1.0, "off")
+        grads[coef] = [p.grad.clone() for p in model.get_decoder().parameters() if p.grad is not None]
+    assert grads[0.1] and any(float(g.abs().max()) > 1e-6 for g in grads[0.1])  # the trunk learns from it
+    for a, b in zip(grads[0.1], grads[0.2], strict=True):
+        torch.testing.assert_close(b, 2 * a, rtol=1e-5, atol=1e-8)

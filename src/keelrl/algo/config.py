@@ -37,6 +37,18 @@ class AlgoConfig(BaseModel):
         gt=0.0,
         description="gae: the value loss's clip around the values the batch was scored with (PPO).",
     )
+    critic: Literal["separate", "shared"] = Field(
+        "separate",
+        description=(
+            "gae: the value model. separate: its own copy of the policy's architecture and starting weights; shared: "
+            "a value head on the policy's own trunk, which then also learns from the value loss (times value_coef)."
+        ),
+    )
+    value_coef: float = Field(
+        0.1,
+        gt=0.0,
+        description="gae with critic = 'shared': weight of the value loss in the trunk's gradient.",
+    )
     critic_warmup_steps: int = Field(
         0, ge=0, description="gae: RL steps at the start that train the value model only (the policy waits)."
     )
