@@ -13,6 +13,7 @@ from keelrl.checkpoint import weights_sha256
 from keelrl.config import ModelConfig, load_config
 from keelrl.faults import InjectedFault
 from keelrl.models import load_policy
+from keelrl.monitor.report import render_report
 from keelrl.trainer import train
 
 CRITIC = [
@@ -60,6 +61,7 @@ def test_critic_learns_resumes_exactly_and_warms_up(
     assert metrics[0]["critic/value_mean"] == 0.0  # the zero-initialised head
     assert metrics[-1]["critic/value_mean"] != 0.0  # the critic has learned something
     assert metrics[-1]["critic/value_loss"] < metrics[0]["critic/value_loss"]
+    assert "Critic (algo.advantage = gae)" in render_report([tmp_path / "clean"])  # keelrl report plots it
     weights = _critic(tmp_path / "clean")
     assert float(weights["head.weight"].abs().sum()) > 0
     # a shared critic saves its head only (the trunk is the policy's, saved as the policy)

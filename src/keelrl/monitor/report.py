@@ -35,6 +35,12 @@ PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Learning rate", ("lr",), "lr"),
 )
 
+# Shown only when a run logs one of their keys.
+OPTIONAL_PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("Critic (algo.advantage = gae)", ("critic/value_loss", "critic/explained_variance"), "loss / fraction"),
+    ("Importance masks", ("is_mask/dropped",), "fraction of tokens dropped"),
+)
+
 # Run-dependent metric families (title, key prefix, key suffix, y-axis label): after PLOTS, a series per key.
 FAMILY_PLOTS: tuple[tuple[str, str, str, str], ...] = (
     ("Curriculum: estimated pass rate per bucket", "curriculum/pass_rate/", "", "pass rate (posterior mean)"),
@@ -282,8 +288,9 @@ def _markers(run: RunData, tag: str) -> list[tuple[float, str, str]]:
 
 def _plots(runs: Sequence[tuple[str, RunData]]) -> list[str]:
     plots = list(PLOTS)
+    logged = {k for _, run in runs for m in run.metrics for k in m}
+    plots += [(title, keys, y_label) for title, keys, y_label in OPTIONAL_PLOTS if logged & set(keys)]
     for title, prefix, suffix, y_label in FAMILY_PLOTS:
-        logged = {k for _, run in runs for m in run.metrics for k in m}
         keys = sorted(k for k in logged if k.startswith(prefix) and k.endswith(suffix))
         if keys:
             plots.append((title, tuple(keys), y_label))
