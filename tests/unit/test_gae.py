@@ -62,10 +62,10 @@ def test_lambda_one_is_the_monte_carlo_return_minus_the_value() -> None:
 
 
 def test_whiten_uses_the_given_global_sums() -> None:
-    x = torch.tensor([[1.0, 3.0, 100.0]])
+    x = torch.tensor([[1.0, 5.0, 100.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    # mean 2, variance 1 over the two masked entries
-    close(whiten(x, mask, total=4.0, total_sq=10.0, count=2.0), [[-1.0, 1.0, 0.0]])
+    # mean 6 / 2 = 3, variance 26 / 2 - 9 = 4 (std 2) over the two masked entries: (x - 3) / 2
+    close(whiten(x, mask, total=6.0, total_sq=26.0, count=2.0), [[-1.0, 1.0, 0.0]])
 
 
 def test_value_loss_worked_numbers() -> None:
