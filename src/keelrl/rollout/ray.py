@@ -134,9 +134,11 @@ class ActorPool:
         actor_cpus: int = 1,
         prepare: Callable[[Any], None] | None = None,
         on_progress: Callable[[], None] | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         """`role` and `size_setting` (the config key of `size`) name the pool in errors, `start_hint` says
-        what to check when actors cannot start; `ray_cpus`: a local Ray's CPUs (0: enough for these)."""
+        what to check when actors cannot start; `ray_cpus`: a local Ray's CPUs (0: enough for these);
+        `start_timeout_s`: how long the actors may take to come up."""
         ray = import_ray()
         self.role, self.max_retries, self.prepare = role, max_retries, prepare
         self.on_progress = on_progress if on_progress is not None else lambda: None
@@ -148,14 +150,14 @@ class ActorPool:
         self.handles: list[Any] = []
         try:  # build them now, so a broken task or model fails here and not in the middle of a step
             self.handles = [self._actor.remote(*args) for _ in range(size)]
-            ray.get([h.pid.remote() for h in self.handles], timeout=START_TIMEOUT_S)
+            ray.get([h.pid.remote() for h in self.handles], timeout=start_timeout_s)
         except BaseException as err:
             free = ray.available_resources().get("CPU", 0.0)
             self.shutdown()
             if isinstance(err, ray.exceptions.GetTimeoutError):
                 raise RayPoolError(
                     f"Ray did not start {size} {role} actors ({actor_cpus} CPU each) within "
-                    f"{START_TIMEOUT_S:.0f} s; the cluster has {free:g} CPUs free. Lower {size_setting} or give "
+                    f"{start_timeout_s:.0f} s; the cluster has {free:g} CPUs free. Lower {size_setting} or give "
                     "the cluster more CPUs."
                 ) from err
             if isinstance(err, ray.exceptions.RayError):
@@ -445,8 +447,10 @@ class SamplerPool:
         self._version = -1
         self._weights: Any = None  # object ref of the current weights
         args: tuple[Any, ...] = (model, share_prefix, autocast, threads, compile)
-        if vllm is not None:
+        start_timeout_s = START_TIMEOUT_S
+        if vllm is not None:  # a vLLM actor starts its engine first: allow the engine's own start timeout
             worker, args, threads = worker or VLLMSamplingWorker, (model, vllm), vllm.threads
+            start_timeout_s = max(START_TIMEOUT_S, vllm.start_timeout_s)
         self.replaced_total = 0  # actors replaced and engines restarted inside actors
         self.actors = ActorPool(
             worker or SamplingWorker,
@@ -462,6 +466,7 @@ class SamplerPool:
             actor_cpus=threads,
             prepare=self._prepare,
             on_progress=on_progress,
+            start_timeout_s=start_timeout_s,
         )
 
     @property
