@@ -77,21 +77,6 @@ def build_critic(
     return critic, optimizer
 
 
-def batch_values(
-    critic: ValueModel, batch: TrainBatch, micro_batch_size: int, autocast: Autocast
-) -> torch.Tensor:
-    """Values [B, T] of the batch's positions (no grad), micro-batch by micro-batch."""
-    out = torch.zeros_like(batch.sampler_logprobs)
-    B = batch.input_ids.shape[0]
-    for start in range(0, B, micro_batch_size):
-        idx = torch.arange(start, min(start + micro_batch_size, B), device=batch.input_ids.device)
-        mb = batch.select(idx)
-        with torch.no_grad(), autocast_context(mb.input_ids.device, autocast):
-            v = critic(mb.input_ids, mb.attention_mask)
-        out[idx, : v.shape[1]] = v
-    return out
-
-
 def critic_advantages(
     critic: ValueModel,
     batch: TrainBatch,
@@ -104,7 +89,10 @@ def critic_advantages(
     """Set `batch.advantages` ([B, T], whitened), `batch.returns` and `batch.old_values`; returns the metrics and
     the mean |advantage| (the per-step guards' scale)."""
     mask = batch.target_mask
-    values = batch_values(critic, batch, micro_batch_size, autocast) * mask
+    values = batch.per_token_no_grad(
+        micro_batch_size, autocast, lambda mb: critic(mb.input_ids, mb.attention_mask)
+    )
+    values = values * mask
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=mask.device)
     adv, returns = gae(terminal_rewards(mask, rewards), values, mask, algo.gamma, algo.lam)
     count = all_reduce_sum(float(mask.sum()), world)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -78,6 +79,21 @@ class TrainBatch:
     returns: torch.Tensor | None = None  # [B, T] the critic's targets (gae)
     old_values: torch.Tensor | None = None  # [B, T] the critic's values when the batch was scored (gae)
 
+    def per_token_no_grad(
+        self, micro_batch_size: int, autocast: Autocast, fn: Callable[[TrainBatch], torch.Tensor]
+    ) -> torch.Tensor:
+        """[B, T]: `fn(micro_batch)` (a [b, t] per-position tensor) over the batch in row order, micro-batch by
+        micro-batch, without gradient (log-probs of a model, values of the critic)."""
+        out = torch.zeros_like(self.sampler_logprobs)
+        B = self.input_ids.shape[0]
+        for start in range(0, B, micro_batch_size):
+            idx = torch.arange(start, min(start + micro_batch_size, B), device=self.input_ids.device)
+            mb = self.select(idx)
+            with torch.no_grad(), autocast_context(mb.input_ids.device, autocast):
+                values = fn(mb)
+            out[idx, : values.shape[1]] = values
+        return out
+
     def select(self, idx: torch.Tensor) -> TrainBatch:
         """Rows `idx`, cut to the longest of them."""
         T = int(self.lengths[idx].max())
@@ -147,17 +163,13 @@ def forward_logprobs(
 ) -> torch.Tensor:
     """Log-probs [B, T] of the batch's completion tokens under `model` (policy or train_module), no grad."""
     module = as_logprob_module(model)
-    out = torch.zeros_like(batch.sampler_logprobs)
-    B = batch.input_ids.shape[0]
-    for start in range(0, B, micro_batch_size):
-        idx = torch.arange(start, min(start + micro_batch_size, B), device=batch.input_ids.device)
-        mb = batch.select(idx)
-        with torch.no_grad(), autocast_context(mb.input_ids.device, autocast):
-            lp, _ = module(
-                mb.input_ids, mb.attention_mask, mb.target_mask, temperature, share_prefix=share_prefix
-            )
-        out[idx, : lp.shape[1]] = lp
-    return out
+    return batch.per_token_no_grad(
+        micro_batch_size,
+        autocast,
+        lambda mb: module(
+            mb.input_ids, mb.attention_mask, mb.target_mask, temperature, share_prefix=share_prefix
+        )[0],
+    )
 
 
 def prepare_batch(
