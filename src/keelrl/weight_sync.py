@@ -1,8 +1,9 @@
 """Weight sync: after every update (and after setup, a resume or a rollback) the sampler gets the policy's
-weights. An engine that holds a copy of them (`checks_sync`: the vLLM engine) is then checked before it
-samples anything: it samples `vllm.sync_check_tokens` tokens for each of `vllm.sync_check_prompts` fixed
-held-out prompts (two KV blocks long at least, so they sit in the prefix cache from one check to the next), the trainer scores those tokens, and the mean gap must be below `vllm.tolerance`
-(rollout/sync_check.py). Above it (the `weight_sync` guard): a `weight_sync_failed` event, the weights are
+weights. An engine that holds a copy of them (`checks_sync`: the vLLM engine, or a Ray pool of them) is then
+checked before it samples anything: each engine samples `vllm.sync_check_tokens` tokens for each of
+`vllm.sync_check_prompts` fixed held-out prompts (two KV blocks long at least, so they sit in the prefix cache
+from one check to the next), the trainer scores those tokens, and the worst engine's mean gap must be below
+`vllm.tolerance` (rollout/sync_check.py). Above it (the `weight_sync` guard): a `weight_sync_failed` event, the weights are
 pushed again with the cache reset, and the check is redone; failing twice raises `WeightSyncError`, and the
 supervisor restarts the worker from the last checkpoint, so a run never trains on rollouts from unknown weights.
 
