@@ -64,13 +64,12 @@ class FaultInjector:
         return None
 
     def before_sampling(self, step: int, sampler: object) -> None:
-        """kill_engine_at_step: SIGKILL the sampling engine's process as step `step` starts sampling."""
+        """kill_engine_at_step: SIGKILL the sampling engine's process as step `step` starts sampling. The pid is
+        read only then: a Ray pool of engines answers it with a round trip to its actors."""
+        if not 0 < self.cfg.kill_engine_at_step == step:
+            return
         pid = getattr(sampler, "engine_pid", None)
-        if (
-            pid
-            and 0 < self.cfg.kill_engine_at_step == step
-            and self._fire("kill_engine_at_step", step, pid=pid)
-        ):
+        if pid and self._fire("kill_engine_at_step", step, pid=pid):
             os.kill(pid, signal.SIGKILL)
 
     def save_forced(self, step: int) -> bool:

@@ -192,9 +192,8 @@ class ActorPool:
         pending = deque(range(len(chunks)))
         in_flight: dict[Any, tuple[int, int, Any]] = {}  # result ref -> (chunk, actor slot, actor)
         while pending or in_flight:
-            for depth in range(
-                1, IN_FLIGHT_PER_WORKER + 1
-            ):  # a chunk for every actor before a second for any
+            # a chunk for every actor before a second for any
+            for depth in range(1, IN_FLIGHT_PER_WORKER + 1):
                 for slot, actor in enumerate(self.handles):
                     queued = sum(1 for _, s, _ in in_flight.values() if s == slot)
                     if pending and queued < depth:
