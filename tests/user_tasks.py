@@ -41,3 +41,21 @@ def make_multiply(seed: int = 0, **params) -> Multiply:
 
 
 NOT_A_TASK = 42
+
+
+class HalfAnEnvironment:
+    """Has the data methods and `reset`, but neither `step` (an environment) nor `prompt`/`score` (a task)."""
+
+    name = "half"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    def problem(self, split, index):
+        return {"i": index}
+
+    def difficulty(self, problem):
+        return "all"
+
+    def reset(self, problem, seed):
+        return [{"role": "user", "content": "hi"}]

@@ -16,10 +16,12 @@ from keelrl.distributed import all_gather_list, all_reduce_sum
 from keelrl.monitor.traces import is_repetitive
 from keelrl.rollout import Rollout
 from keelrl.rollout.episodes import Episode, generate, score
+from keelrl.rollout.types import is_truncated
 from keelrl.run import Run
 from keelrl.seeds import stable_hash
 from keelrl.state import TrainState
 from keelrl.tasks.base import score_safely
+from keelrl.tasks.env import EPISODE_ENDS
 
 
 def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int = 0) -> list[Rollout]:
@@ -138,15 +140,17 @@ def report_exhausted(run: Run, state: TrainState, stats: Any) -> None:
 
 
 def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
-    """Reward, accuracy, format and length statistics over the global batch."""
+    """Reward, accuracy, format and length statistics over the global batch (lengths count sampled tokens:
+    a multi-turn episode's environment tokens are not the model's response); `episode_metrics` too for an
+    environment."""
     local = [
         (
             r.reward,
             float(r.correct),
             float(bool(r.info.get("formatted", r.reward > 0))),
-            len(r.completion_ids),
-            float(r.finish_reason == "length"),
-            float(is_repetitive(r.completion_ids)),
+            float(sum(r.trainable)),
+            float(is_truncated(r.finish_reason)),
+            float(is_repetitive([t for t, m in zip(r.completion_ids, r.trainable) if m])),
         )
         for r in rollouts
     ]
@@ -162,4 +166,25 @@ def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
         "response_length/truncated_frac": float(truncated.mean()),
         "repetition/frac": float(repetitive.mean()),
         "tokens/generated": float(length.sum()),
+        **(episode_metrics(run, rollouts) if run.prompter.multiturn else {}),
+    }
+
+
+def episode_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
+    """Multi-turn episodes over the global batch: mean turns, tool calls and whole-sequence length per episode,
+    tool errors in all and per call, and the fraction that ended for each reason (`episode/end/<reason>`)."""
+    local = [
+        (r.info.get("turns", 0), r.info.get("tool_calls", 0), r.info.get("tool_errors", 0),
+         len(r.prompt_ids) + len(r.completion_ids), EPISODE_ENDS.index(r.finish_reason))  # type: ignore[arg-type]
+        for r in rollouts
+    ]  # fmt: skip
+    rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 5]
+    turns, calls, errors, length, end = rows.unbind(dim=1)
+    return {
+        "episode/turns": float(turns.mean()),
+        "episode/tool_calls": float(calls.mean()),
+        "episode/tool_errors": float(errors.sum()),
+        "episode/tool_error_rate": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
+        "episode/length": float(length.mean()),
+        **{f"episode/end/{name}": float((end == i).double().mean()) for i, name in enumerate(EPISODE_ENDS)},
     }

@@ -132,6 +132,23 @@ class RolloutConfig(Section):
     )
 
 
+class EpisodeConfig(Section):
+    max_turns: int = Field(
+        8,
+        ge=1,
+        description="Multi-turn environments: most assistant turns per episode (then it ends, 'turns').",
+    )
+    max_context_tokens: int = Field(
+        2048,
+        ge=2,
+        description="Multi-turn environments: most tokens in a whole episode, opening included; a turn is cut "
+        "to what is left and a reply that does not fit ends the episode ('context').",
+    )
+    workers: int = Field(
+        8, ge=1, description="Multi-turn environments: threads stepping the batch's episodes concurrently."
+    )
+
+
 class TrainConfig(Section):
     steps: int = Field(100, ge=0, description="Number of RL steps (each samples one batch).")
     micro_batch_size: int = Field(
@@ -459,6 +476,10 @@ class Config(Section):
         default_factory=TaskConfig, description="What is trained on and how it is scored."
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
+    episode: EpisodeConfig = Field(
+        default_factory=EpisodeConfig,
+        description="Budgets of multi-turn episodes (environments); rollout.max_new_tokens caps each turn.",
+    )
     vllm: VLLMConfig = Field(
         default_factory=VLLMConfig, description="The vLLM engine (rollout.engine = 'vllm')."
     )

@@ -130,7 +130,16 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
                 "template": template,
             },
             on_progress=advance,
+            limits=_episode_limits(run_cfg),
         )
+
+
+def _episode_limits(run_cfg: dict[str, Any]) -> Any:
+    """The `[episode]` budgets of the run the model came from (the defaults without one)."""
+    from keelrl.config import EpisodeConfig
+    from keelrl.rollout.multiturn import EpisodeLimits
+
+    return EpisodeLimits(**EpisodeConfig(**run_cfg.get("episode", {})).model_dump())
 
 
 def _console() -> Any:

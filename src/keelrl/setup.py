@@ -30,11 +30,13 @@ from keelrl.monitor.run_lock import RunLock, RunLockedError, hold
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
 from keelrl.rollout import SamplingSettings, make_sampler, resolve_template
 from keelrl.rollout.episodes import Prompter
+from keelrl.rollout.multiturn import EpisodeLimits
 from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus
 from keelrl.run import Live, ResumeError, Run
 from keelrl.state import TrainState
 from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, pulse
 from keelrl.tasks import get_task
+from keelrl.tasks.env import is_environment
 from keelrl.weight_sync import sync_sampler
 
 ResumeMode = Literal["auto", "never"]
@@ -107,6 +109,11 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     # the task, and its recipe for processes that rebuild it (Ray scoring actors)
     make_task = functools.partial(get_task, cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
     task = make_task()
+    if is_environment(task) and cfg.distributed.scorer == "ray":
+        raise ValueError(
+            f"task {cfg.task.name} is a multi-turn environment: its episodes are scored as each ends, on the "
+            "trainer's environment threads (episode.workers); set distributed.scorer = 'local'"
+        )
     for setting in ("scorer", "sampler"):  # a missing Ray fails before the model loads; pools start last
         if getattr(cfg.distributed, setting) == "ray":
             import_ray(f"distributed.{setting}")
@@ -176,7 +183,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             run_dir=run_dir,
             tokenizer=tokenizer,
             task=task,
-            prompter=Prompter(task, tokenizer, template),
+            prompter=Prompter(task, tokenizer, template, EpisodeLimits(**cfg.episode.model_dump())),
             source=source,
             sampler=engines[-1],
             scorer=engines[0] if d.scorer == "ray" else None,

@@ -191,6 +191,7 @@ def _eval_metrics(run: Run, state: TrainState) -> dict[str, float]:
         samples=cfg.eval.samples,
         seed=cfg.train.seed,
         batch_size=cfg.eval.batch_size,
+        limits=run.prompter.limits,
     )
     summary = summarize(results)
     errors = score_errors(results)

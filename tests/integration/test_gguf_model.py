@@ -45,3 +45,22 @@ def test_exports_as_a_standard_hf_directory(smollm2, tmp_path: Path) -> None:
     assert getattr(again.config, "quantization_config", None) is None
     a, b = model.state_dict(), again.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_its_chat_template_carries_multi_turn_episodes(smollm2) -> None:
+    """SmolLM2's template ignores `tools=`, so the tool list goes into the system text; a tool reply follows the
+    model's own <|im_end|> without repeating it, and is tokenized on its own (rollout/chat.py)."""
+    from keelrl.rollout.chat import TemplateFormat
+    from keelrl.tasks import get_task
+
+    _, tok = smollm2
+    env = get_task("countdown_tools")
+    fmt = TemplateFormat(tok, env.tools)
+    assert fmt.tools is None and fmt.tool_text.startswith("Tools:\n- calc(expression: string)")
+    opening = env.reset(env.problem("train", 0), 0)
+    text = tok.decode(fmt.opening(opening))
+    assert "- calc(expression: string)" in text and text.endswith("<|im_start|>assistant\n")
+    reply = fmt.reply(opening, [{"role": "tool", "name": "calc", "content": "42"}], tok.eos_token_id)
+    assert tok.decode(reply) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    cut = fmt.reply(opening, [{"role": "tool", "name": "calc", "content": "42"}], None)
+    assert tok.decode(cut).startswith("<|im_end|>\n<|im_start|>tool")

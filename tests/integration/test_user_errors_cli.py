@@ -72,7 +72,7 @@ def test_truncated_weights_are_a_user_error_not_a_crash_to_restart(
     assert json.loads((run / "status.json").read_text())["state"] == "failed"
 
 
-@pytest.mark.parametrize("supervised", [True, False])
+@pytest.mark.parametrize("supervised", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_run_dir_is_a_file_or_under_one(tmp_path: Path, supervised: bool) -> None:
     blocker = tmp_path / "taken"
     blocker.write_text("not a directory\n")

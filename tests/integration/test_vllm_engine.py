@@ -199,3 +199,62 @@ def test_resume_engine_restart_and_drills_end_with_the_uninterrupted_weights(
     want = [[r[k] for k in kept] for r in _lines(tmp_path / "clean", "rollouts.jsonl.gz")]
     for name in ("resumed", "restarted"):
         assert [[r[k] for k in kept] for r in _lines(tmp_path / name, "rollouts.jsonl.gz")] == want, name
+
+
+@pytest.mark.slow
+def test_multi_turn_episodes_on_the_engine(tok) -> None:
+    """Environments on vLLM: each turn's prompt is the whole episode so far (the engine's prefix cache sees
+    the same prefixes again, turn after turn); the trained ids are the engine's tokens, and the trainer's
+    log-probs over the whole multi-turn sequence match the engine's on every trained token."""
+    from keelrl.config import TinyModelConfig
+    from keelrl.demo import pretrain
+    from keelrl.rollout.chat import PlainFormat
+    from keelrl.rollout.episodes import Episode
+    from keelrl.rollout.multiturn import EpisodeLimits, run_multiturn
+    from keelrl.tasks.base import Score
+    from keelrl.tasks.env import StepResult
+
+    class Echo:
+        name = "echo"
+
+        def reset(self, problem: dict, seed: int) -> list[dict]:
+            return [{"role": "user", "content": f"count to {problem['n']}"}]
+
+        def step(self, state: Any, turn: str) -> StepResult:
+            return StepResult([{"role": "user", "content": f"again ({state.turn})"}], done=state.turn >= 3)
+
+        def finish(self, state: Any) -> Score:
+            return Score(float(state.turn), False)
+
+    model = build_tiny_model(
+        TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, max_positions=512, init_seed=5),
+        len(tok),
+        0,
+    )
+    pretrain(
+        model,
+        tok,
+        lambda i: "User: again (1)\nAssistant:" + "ab" * (i % 4),
+        steps=40,
+        batch_size=16,
+        lr=1e-2,
+        seed=0,
+    )
+    model.eval()
+    engine = VLLMSampler(model, tok, VLLMConfig())
+    try:
+        engine.update_weights(untied_state_dict(model).items(), version=1)
+        episodes = [Episode(i, {"n": i}, i, 50 + i) for i in range(6)]
+        rollouts, errors = run_multiturn(
+            engine, tok, PlainFormat(tok), Echo(), episodes, SamplingSettings(12), EpisodeLimits(3, 400, 4)
+        )
+    finally:
+        engine.shutdown()
+    assert not errors and max(r.info["turns"] for r in rollouts) == 3
+    for r in rollouts:
+        mask = [bool(m) for m in r.trainable]
+        trainer = trainer_logprobs(model, [r.prompt_ids], [r.completion_ids], 1.0)[0]
+        gap = logprob_gap(
+            [[t for t, m in zip(trainer, mask) if m]], [[s for s, m in zip(r.sample_logprobs, mask) if m]]
+        )
+        assert gap.max_abs < 1e-3, gap

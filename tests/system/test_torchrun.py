@@ -274,7 +274,12 @@ def _torchrun_kill_and_compare(
 
 
 @pytest.mark.parametrize(
-    "sig", [signal.SIGKILL, pytest.param(signal.SIGSTOP, marks=pytest.mark.slow)], ids=["dead", "hung"]
+    "sig",
+    [
+        pytest.param(signal.SIGKILL, marks=pytest.mark.slow),
+        pytest.param(signal.SIGSTOP, marks=pytest.mark.slow),
+    ],
+    ids=["dead", "hung"],
 )
 def test_torchrun_max_restarts_restarts_the_group(
     sig: int, format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path

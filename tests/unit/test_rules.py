@@ -432,3 +432,36 @@ def test_zero_gradient_is_skipped_only_when_advantages_are_not_zero() -> None:
     assert check_update([], 5, 0.0, 0.0, 1.0, 0.0, cfg) is None
     f = check_update([], 5, 0.0, 0.0, 1.0, 0.4, cfg)
     assert f is not None and (f.name, f.action) == ("exact_zero", "skip")
+
+
+# -------------------------------------------------------------------------------- multi-turn episodes
+
+
+def episodes(
+    history: list[dict[str, Any]], error_rate: float = 0.05, out_of_turns: float = 0.1
+) -> list[dict[str, Any]]:
+    """A healthy run of an environment: a few failed tool calls, a few episodes out of turns."""
+    return set_from(history, 1, episode__tool_error_rate=error_rate, episode__end__turns=out_of_turns)
+
+
+def test_healthy_episodes_are_quiet_and_single_turn_runs_have_no_episode_findings() -> None:
+    h = episodes(healthy())
+    assert check(h) == [] and scan(h) == []
+
+
+def test_tool_error_surge() -> None:
+    h = episodes(healthy())
+    surge = set_from(h, 90, episode__tool_error_rate=0.6)
+    f = only(check(surge), "tool_error_surge")
+    assert f.severity == "warning" and f.evidence["tool_error_rate"] == pytest.approx(0.6)
+    assert severity(set_from(h, 90, episode__tool_error_rate=0.95), "tool_error_surge") == "critical"
+    # high from the start: the model never learned the call format (info, not a surge)
+    assert severity(episodes(healthy(), error_rate=0.7), "tool_error_surge") == "info"
+    assert all(f.name != "tool_error_surge" for f in check(set_from(h, 90, episode__tool_error_rate=0.45)))
+
+
+def test_turn_budget() -> None:
+    h = episodes(healthy())
+    f = only(check(set_from(h, 110, episode__end__turns=0.95)), "turn_budget")
+    assert f.severity == "warning" and f.evidence["turns_frac"] == pytest.approx(0.95)
+    assert all(f.name != "turn_budget" for f in check(set_from(h, 110, episode__end__turns=0.85)))

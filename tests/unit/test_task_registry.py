@@ -15,7 +15,15 @@ from keelrl.tasks.multiply import Multiply
 
 
 def test_every_registered_name_builds_its_task() -> None:
-    assert set(TASKS) == {"countdown", "multiply", "code", "mixture"}
+    assert set(TASKS) == {
+        "countdown",
+        "multiply",
+        "code",
+        "mixture",
+        "countdown_tools",
+        "code_feedback",
+        "swe_mini",
+    }
     for name in TASKS:
         params = {"tasks": [{"task": "multiply"}]} if name == "mixture" else {}
         task = get_task(name, seed=3, **params)
@@ -64,6 +72,14 @@ def test_a_bad_import_path_says_what_failed_and_the_accepted_forms(path: str, wh
     assert f"cannot load task {path!r}" in message and what in message
     assert "'package.module:Class'" in message and "countdown, multiply, code, mixture" in message
     assert "\n" not in message
+
+
+def test_an_imported_class_that_is_neither_task_nor_environment_says_what_it_lacks() -> None:
+    with pytest.raises(TaskError) as err:
+        get_task("user_tasks:HalfAnEnvironment")
+    message = str(err.value)
+    assert "neither a task nor an environment: it lacks step." in message
+    assert "reset(problem, seed) and step(state, assistant_turn)" in message
 
 
 def test_bad_params_and_unknown_names_stay_helpful() -> None:

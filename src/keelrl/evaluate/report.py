@@ -24,13 +24,22 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from keelrl.rollout import Sampler
+    from keelrl.rollout.multiturn import EpisodeLimits
     from keelrl.tasks import Task, Template
 
 SCHEMA = "keelrl.eval/1"
 
 # Direction of improvement (+1 higher, -1 lower is better, 0 neither); unlisted names match by their last
 # path component (so `sampled/truncated_frac` is -1).
-_DIRECTION = {"truncated_frac": -1, "length/mean": 0, "perplexity": -1, "nll/token": -1}
+_DIRECTION = {
+    "truncated_frac": -1,
+    "length/mean": 0,
+    "turns/mean": 0,
+    "tool_calls/mean": 0,
+    "tool_errors/mean": -1,
+    "perplexity": -1,
+    "nll/token": -1,
+}
 
 
 class ComparisonError(ConfigError):
@@ -145,9 +154,11 @@ def evaluate(
     split: str = "test",
     meta: Mapping[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
+    limits: EpisodeLimits | None = None,
 ) -> EvalReport:
     """A greedy pass (if `greedy`) and an n-sample pass (if `samples` > 0) over the first `num_problems` of
-    `split`. `ks` defaults to 1, 2, 4, ... n; `meta` (model name, task params, ...) goes into the settings."""
+    `split`. `ks` defaults to 1, 2, 4, ... n; `meta` (model name, task params, ...) goes into the settings.
+    `limits`: an environment's episode budgets (the defaults when None)."""
     from keelrl.rollout import SamplingSettings
 
     if not greedy and samples <= 0:
@@ -179,7 +190,7 @@ def evaluate(
     }
     common = dict(
         sampler=sampler, tokenizer=tokenizer, task=task, template=template, num_problems=num_problems,
-        seed=seed, batch_size=batch_size, split=split, on_progress=on_progress,
+        seed=seed, batch_size=batch_size, split=split, on_progress=on_progress, limits=limits,
     )  # fmt: skip
     t0 = time.perf_counter()
     greedy_results = sampled_results = None

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from keelrl.rollout.types import is_truncated
 from keelrl.seeds import stable_hash
 
 if TYPE_CHECKING:  # torch and transformers load only when a model is evaluated
     from transformers import PreTrainedTokenizerBase
 
     from keelrl.rollout import Rollout, Sampler, SamplingSettings
+    from keelrl.rollout.multiturn import EpisodeLimits
     from keelrl.tasks import Task, Template
 
 
@@ -37,6 +39,10 @@ class ProblemResult:
     answers: list[str | None] = field(default_factory=list)  # extracted answer per sample (None: no answer)
     # per sample: the checker's error when it raised (the sample then scored 0), else None
     score_errors: list[str | None] = field(default_factory=list)
+    # multi-turn environments only (empty for single-turn tasks): per sample
+    turns: list[int] = field(default_factory=list)
+    tool_calls: list[int] = field(default_factory=list)
+    tool_errors: list[int] = field(default_factory=list)
 
     def add(self, rollout: Rollout) -> None:
         """Record one scored sample."""
@@ -46,10 +52,15 @@ class ProblemResult:
         self.rewards.append(rollout.reward)
         self.correct.append(rollout.correct)
         self.formatted.append(formatted)
-        self.truncated.append(rollout.finish_reason == "length")
-        self.lengths.append(len(rollout.completion_ids))
+        self.truncated.append(is_truncated(rollout.finish_reason))
+        self.lengths.append(sum(rollout.trainable))  # the model's tokens (an environment's are context)
         self.answers.append(extracted_answer(info, text, formatted))
-        self.score_errors.append(info["error"] if info.get("reason") == "score_error" else None)
+        errored = info.get("reason") in ("score_error", "env_error")
+        self.score_errors.append(info["error"] if errored else None)
+        if "turns" in info:
+            self.turns.append(int(info["turns"]))
+            self.tool_calls.append(int(info.get("tool_calls", 0)))
+            self.tool_errors.append(int(info.get("tool_errors", 0)))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +75,11 @@ class ProblemResult:
             "answers": self.answers,
             "score_errors": self.score_errors,
             "texts": self.texts,
+            **(
+                {"turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
+                if self.turns
+                else {}
+            ),
         }
 
     @classmethod
@@ -81,6 +97,9 @@ class ProblemResult:
             lengths=[int(x) for x in d["lengths"]],
             answers=list(d.get("answers", [None] * n)),
             score_errors=list(d.get("score_errors", [None] * n)),
+            turns=[int(x) for x in d.get("turns", [])],
+            tool_calls=[int(x) for x in d.get("tool_calls", [])],
+            tool_errors=[int(x) for x in d.get("tool_errors", [])],
         )
 
 
@@ -103,9 +122,10 @@ def run_eval(
     batch_size: int = 128,
     split: str = "test",
     on_progress: Callable[[int], None] | None = None,
+    limits: EpisodeLimits | None = None,
 ) -> list[ProblemResult]:
     """Generate and score `samples` completions for each of the first `num_problems` problems of `split`;
-    `on_progress(k)` is called after each batch of k completions."""
+    `on_progress(k)` is called after each batch of k completions. `limits`: an environment's budgets."""
     from keelrl.rollout.episodes import Episode, Prompter, run_episodes
 
     results = [
@@ -119,7 +139,7 @@ def run_eval(
     ]
     rollouts = run_episodes(
         sampler,
-        Prompter(task, tokenizer, template),
+        Prompter(task, tokenizer, template, limits),
         episodes,
         settings,
         batch_size,
@@ -147,7 +167,12 @@ def summarize(results: list[ProblemResult]) -> dict[str, float]:
         "length/mean": mean_of("lengths"),
         "reward/errors": float(len(score_errors(results))),
         "problems": float(len(results)),
+        **({k: mean_of(a) for k, a in EPISODE_STATS.items()} if all(r.turns for r in results) else {}),
     }
+
+
+# metric name -> ProblemResult field, for environments' episodes (reported when every problem has them)
+EPISODE_STATS = {"turns/mean": "turns", "tool_calls/mean": "tool_calls", "tool_errors/mean": "tool_errors"}
 
 
 def score_errors(results: Sequence[ProblemResult] | None) -> list[str]:

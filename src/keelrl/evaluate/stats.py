@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from keelrl.evaluate.run import EPISODE_STATS
 from keelrl.seeds import stable_hash
 
 if TYPE_CHECKING:
@@ -161,9 +162,10 @@ def problem_metrics(
     if not main:
         return table
     table = {"accuracy": means(main, "correct"), **table}
-    table.update({name: means(main, attr) for name, attr in _SAMPLE_STATS.items()})
+    stats = {**_SAMPLE_STATS, **(EPISODE_STATS if all(r.turns for r in main) else {})}
+    table.update({name: means(main, attr) for name, attr in stats.items()})
     if greedy and sampled:
-        table.update({f"sampled/{name}": means(sampled, attr) for name, attr in _SAMPLE_STATS.items()})
+        table.update({f"sampled/{name}": means(sampled, attr) for name, attr in stats.items()})
     return table
 
 

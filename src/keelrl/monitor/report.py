@@ -395,9 +395,32 @@ def _samples_html(name: str, run: RunData, compare: bool) -> str:
             f"<tr><td>{_esc(r.get('step'))}</td><td><code>{_esc(_short(r.get('problem')))}</code></td>"
             f"<td>{reward_s}</td><td>{'yes' if r.get('correct') else 'no'}</td><td>{_esc(info.get('reason', ''))}</td>"
             f"<td>{_esc(r.get('finish_reason', ''))}</td><td>{_esc(r.get('completion_tokens', ''))}</td>"
-            f'<td><pre class="text">{_esc(text)}</pre></td></tr>'
+            f"<td>{_transcript_html(info.get('transcript')) or f'<pre class=text>{_esc(text)}</pre>'}</td></tr>"
         )
     out.append("</table>")
+    return "".join(out)
+
+
+def _transcript_html(turns: Any, max_turns: int = 40, max_chars: int = 500) -> str:
+    """A multi-turn episode turn by turn: who spoke, whether its tokens were trained (the model's turns) or
+    context (the environment's), and what was said; "" for a single-turn rollout."""
+    if not isinstance(turns, list) or not turns:
+        return ""
+    out = []
+    for t in turns[:max_turns]:
+        if not isinstance(t, dict):
+            continue
+        trained = bool(t.get("trained"))
+        content = str(t.get("content", ""))
+        if len(content) > max_chars:
+            content = content[: max_chars - 1] + "…"
+        label = f"{t.get('role', '?')} · {t.get('tokens', '?')} tokens · {'trained' if trained else 'context'}"
+        out.append(
+            f'<div class="turn {"trained" if trained else "context"}"><div class="role">{_esc(label)}</div>'
+            f'<pre class="text">{_esc(content)}</pre></div>'
+        )
+    if len(turns) > max_turns:
+        out.append(f'<div class="role">… {len(turns) - max_turns} more turns</div>')
     return "".join(out)
 
 
@@ -418,6 +441,8 @@ th{background:#f4f4f4}
 .sev{color:#fff;border-radius:3px;padding:0 5px;font-size:11px;text-transform:uppercase}
 .span,.ev{color:#555}.sug{color:#1b5e20}.samples code{white-space:pre-wrap;word-break:break-all}
 .healthy{color:#2e7d32} details summary{cursor:pointer;color:#555;font-size:12px}
+.turn{margin:2px 0;padding-left:6px}.turn.trained{border-left:3px solid #2e7d32}.turn.context{border-left:3px solid #bbb;color:#555}
+.turn .role{font-size:11px;color:#777}.turn pre{margin:0}
 .grid-plots{display:flex;flex-wrap:wrap;gap:10px}
 svg.plot{background:#fff;border:1px solid #e3e3e3}
 svg .frame{fill:none;stroke:#bbb} svg .grid{stroke:#eee} svg .tick{font-size:10px;fill:#666}

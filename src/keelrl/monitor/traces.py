@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from keelrl.guards.base import Finding
+from keelrl.rollout.types import is_truncated
 
 REPETITION_N = 4
 REPETITION_THRESHOLD = 0.5
@@ -129,7 +130,7 @@ def _step_rows(rollouts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "reward": sum(num(r.get("reward")) for r in rs) / n,
                 "correct": sum(bool(r.get("correct")) for r in rs) / n,
                 "tokens": sum(num(r.get("completion_tokens"), len(t)) for r, t in zip(rs, texts)) / n,
-                "truncated": sum(r.get("finish_reason") == "length" for r in rs) / n,
+                "truncated": sum(is_truncated(str(r.get("finish_reason"))) for r in rs) / n,
                 "repetitive": sum(text_repetition(t) > REPETITION_THRESHOLD for t in texts) / n,
                 "gibberish": sum(is_gibberish(t) for t in texts) / n,
                 "format_only": sum(_format_only(r) for r in rs) / n,
@@ -224,7 +225,7 @@ def quote(r: dict[str, Any], width: int = 160) -> str:
     text = _text(r).replace("\n", "⏎")
     if len(text) > width:
         text = text[: width - 1] + "…"
-    finish = " truncated" if r.get("finish_reason") == "length" else ""
+    finish = " truncated" if is_truncated(str(r.get("finish_reason"))) else ""
     reason = r["reason"] if isinstance(r.get("reason"), str) else _reason(r)
     return (
         f'step {int(num(r.get("step"), -1))}, reward {num(r.get("reward")):.2f} ({reason}{finish}): "{text}"'
@@ -299,7 +300,7 @@ def trace_findings(traces: dict[str, Any], rollouts: Sequence[dict[str, Any]]) -
 # Per rule, the stored rollouts that show what it found (the last two are quoted); others get no quotes.
 SAMPLE_PICKS: dict[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]]] = {
     "repetition": lambda rs: [r for r in rs if text_repetition(_text(r)) > REPETITION_THRESHOLD],
-    "truncation_surge": lambda rs: [r for r in rs if r.get("finish_reason") == "length"],
+    "truncation_surge": lambda rs: [r for r in rs if is_truncated(str(r.get("finish_reason")))],
     "length_collapse": lambda rs: sorted(rs, key=lambda r: -len(_text(r))),
     "length_explosion": lambda rs: sorted(rs, key=lambda r: len(_text(r))),
     "reward_hacking": lambda rs: sorted(

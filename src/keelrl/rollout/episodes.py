@@ -4,7 +4,9 @@ and evaluation (evaluate/run.py) alike, so what an eval measures is what trainin
 An `Episode` names what to sample: a problem (with its index and group) and its row's seed. `generate`
 samples one completion per episode, `score` runs the task's checker over the rollouts (a checker that raises
 scores that sample 0 and its error is returned, so one bad sample never ends a run or an eval), and
-`run_episodes` does both in batches.
+`run_episodes` does both in batches. For an environment (tasks/env.py) `generate` plays whole multi-turn
+episodes (rollout/multiturn.py), which are scored as each ends (the environment's `finish`); `score` then
+only returns the errors its environment raised.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from keelrl.rollout import Rollout, Sampler, SamplingSettings, render_prompt
+from keelrl.rollout.chat import chat_format
+from keelrl.rollout.multiturn import EpisodeLimits, run_multiturn
 from keelrl.tasks import Score, Task, Template
 from keelrl.tasks.base import score_safely
+from keelrl.tasks.env import is_environment
 
 # (problems, completions) -> (scores, checker errors): the task's checker, or a pool or drill around it
 ScoreFn = Callable[[list[dict[str, Any]], list[str]], tuple[list[Score], list[str]]]
@@ -34,11 +39,21 @@ class Episode:
 
 
 class Prompter:
-    """Problem -> (prompt token ids, assistant prefix), rendered once per problem index."""
+    """Problem -> (prompt token ids, assistant prefix), rendered once per problem index. For an environment:
+    its chat format (`chat`, from the template and its tools) and its episodes' budgets (`limits`)."""
 
-    def __init__(self, task: Task, tokenizer: PreTrainedTokenizerBase, template: Template) -> None:
+    def __init__(
+        self,
+        task: Task,
+        tokenizer: PreTrainedTokenizerBase,
+        template: Template,
+        limits: EpisodeLimits | None = None,
+    ) -> None:
         self.task, self.tokenizer, self.template = task, tokenizer, template
         self.cache: dict[int, tuple[list[int], str]] = {}
+        self.multiturn = is_environment(task)
+        self.limits = limits or EpisodeLimits()
+        self.chat = chat_format(template, tokenizer, getattr(task, "tools", ())) if self.multiturn else None
 
     def __call__(self, index: int, problem: dict[str, Any]) -> tuple[list[int], str]:
         if index not in self.cache:
@@ -53,7 +68,13 @@ class Prompter:
 def generate(
     sampler: Sampler, prompter: Prompter, episodes: Sequence[Episode], settings: SamplingSettings
 ) -> list[Rollout]:
-    """One completion per episode, as unscored rollouts (all tokens trainable: single-turn)."""
+    """One completion per episode, as unscored rollouts (all tokens trainable: single-turn); for an
+    environment, one whole episode each, scored."""
+    if prompter.chat is not None:
+        rollouts, _ = run_multiturn(
+            sampler, prompter.tokenizer, prompter.chat, prompter.task, episodes, settings, prompter.limits
+        )
+        return rollouts
     prompts = [prompter(e.problem_index, e.problem) for e in episodes]
     gens = sampler.generate([ids for ids, _ in prompts], settings, [e.seed for e in episodes])
     return [
@@ -76,7 +97,10 @@ def generate(
 
 
 def score(task: Task, rollouts: Sequence[Rollout], score_fn: ScoreFn | None = None) -> list[str]:
-    """Score each rollout's assistant prefix + completion in place; returns the checker errors (scored 0)."""
+    """Score each rollout's assistant prefix + completion in place; returns the checker errors (scored 0).
+    An environment's episodes were scored as they ended: returns the errors its `step` or `finish` raised."""
+    if is_environment(task):
+        return [r.info["error"] for r in rollouts if r.info.get("reason") in ("env_error", "score_error")]
     problems = [r.problem for r in rollouts]
     texts = [r.prefix + r.text for r in rollouts]
     scores, errors = (score_fn or (lambda p, t: score_safely(task, p, t)))(problems, texts)

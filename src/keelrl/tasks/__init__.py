@@ -1,11 +1,15 @@
-"""Tasks: problems, prompts and verifiable rewards. `get_task(name, **params)` is the one entry point.
-`TASKS` maps a name to a factory called with `(seed=..., **params)`. A user's own task needs no entry:
-`get_task("mypkg.mytask:MyTask")` imports `mypkg.mytask` and calls its `MyTask` (a class or function).
+"""Tasks and environments: problems, prompts or turns, and verifiable rewards. `get_task(name, **params)` is
+the one entry point. `TASKS` maps a name to a factory called with `(seed=..., **params)`; single-turn tasks
+follow tasks/base.py's `Task`, multi-turn environments tasks/env.py's `Environment`. Names with a prefix:
+- "package.module:Class" (or ":function"): a user's own task or environment, imported (no entry needed);
+- "dir:PATH": a task directory in Harbor's layout, or a folder of them (tasks/taskdir.py);
+- "reasoning_gym:DATASET": a reasoning-gym data set (tasks/reasoning_gym.py; the `envs` extra).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +18,7 @@ from pydantic import ValidationError
 
 from keelrl.tasks.base import Prompt, Score, Split, Task, Template
 from keelrl.tasks.countdown import Countdown
+from keelrl.tasks.env import check_environment
 from keelrl.tasks.multiply import Multiply
 
 __all__ = ["TASKS", "Prompt", "Score", "Split", "Task", "TaskError", "Template", "get_task"]
@@ -43,22 +48,38 @@ TASKS: dict[str, Callable[..., Task]] = {
     "multiply": Multiply,
     "code": lambda **kw: _load("keelrl.tasks.code:CodeTask")(**kw),  # imports the sandbox only when used
     "mixture": lambda **kw: _load("keelrl.tasks.mixture:TaskMixture")(**kw),
+    "countdown_tools": lambda **kw: _load("keelrl.tasks.countdown_tools:CountdownTools")(**kw),
+    "code_feedback": lambda **kw: _load("keelrl.tasks.code_feedback:CodeFeedback")(**kw),
+    "swe_mini": lambda **kw: _load("keelrl.tasks.swe_mini:SweMini")(**kw),
+}
+
+# "prefix:rest" names -> factory(rest, seed=..., **params)
+PREFIXES: dict[str, Callable[..., Task]] = {
+    "dir": lambda path, **kw: _load("keelrl.tasks.taskdir:TaskDirs")(path=path, **kw),
+    "reasoning_gym": lambda dataset, **kw: _load("keelrl.tasks.reasoning_gym:ReasoningGymTask")(
+        dataset=dataset, **kw
+    ),
 }
 
 
 def get_task(name: str, seed: int = 0, **params: Any) -> Task:
     """Build a task by name (`TASKS`) or import path ("package.module:Class"). `params` are checked against
     the task's parameter model; a wrong name, path or parameter raises TaskError saying what is allowed."""
-    factory = TASKS.get(name) or (_load(name) if ":" in name else None)
+    prefix, _, rest = name.partition(":")
+    if prefix in PREFIXES:
+        factory: Callable[..., Task] | None = functools.partial(PREFIXES[prefix], rest)
+    else:
+        factory = TASKS.get(name) or (_load(name) if ":" in name else None)
     if factory is None:
         hint = difflib.get_close_matches(name, TASKS, n=1)
         raise TaskError(
             f"unknown task {name!r}{f' (did you mean {hint[0]!r}?)' if hint else ''}; available tasks: "
-            f"{', '.join(TASKS)}, or your own as 'package.module:Class'. Set task.name in the config or "
+            f"{', '.join(TASKS)}, 'dir:PATH', 'reasoning_gym:DATASET', or your own as 'package.module:Class'. "
+            "Set task.name in the config or "
             "--task on the command line."
         )
     try:
-        return factory(seed=seed, **params)
+        task = factory(seed=seed, **params)
     except ValidationError as err:
         problems = "; ".join(
             f"`{'.'.join(map(str, e['loc'])) or name}`: {e['msg'].removeprefix('Value error, ')}"
@@ -66,3 +87,9 @@ def get_task(name: str, seed: int = 0, **params: Any) -> Task:
             for e in err.errors()
         )
         raise TaskError(f"bad parameters for task {name!r}: {problems}") from None
+    if name not in TASKS and prefix not in PREFIXES:
+        try:
+            check_environment(task, name)
+        except TypeError as err:
+            raise TaskError(str(err)) from None
+    return task

@@ -205,6 +205,14 @@ def check_expression(expression: str, numbers: list[int]) -> Fraction:
     return _evaluate(tree)
 
 
+def evaluate_expression(expression: str) -> Fraction:
+    """Exact value of an arithmetic expression (integers, + - * /, parentheses; any numbers), else
+    InvalidExpression: the countdown_tools environment's calculator."""
+    if len(expression) > MAX_ANSWER_CHARS:
+        raise InvalidExpression("too_long", f"expression longer than {MAX_ANSWER_CHARS} characters")
+    return _evaluate(_Parser(_tokenize(expression)).parse())
+
+
 _STATED_VALUE_RE = re.compile(r"^(.*?)=\s*(-?\d{1,12})\s*$", re.DOTALL)
 
 

@@ -1,6 +1,6 @@
 """The guard rules: `RULES`, the one registry (name -> rule), and `GuardsConfig`, the [guards] section with
 one sub-section of thresholds per rule under its name. The rules live by family, each next to its thresholds:
-numerics.py, policy.py, reward.py, process.py.
+numerics.py, policy.py, reward.py, process.py, episode.py.
 
 A rule is a pure function `rule(history, thresholds) -> Finding | None` that judges the *latest* window of
 `history` (metrics.jsonl records, in step order). Threshold fields say where each default comes from
@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from keelrl.guards.base import Finding, Record, RuleThresholds
-from keelrl.guards.rules import numerics, policy, process, reward
+from keelrl.guards.rules import episode, numerics, policy, process, reward
 
 
 def section(thresholds: type[RuleThresholds]) -> Any:
@@ -45,6 +45,8 @@ RULES: dict[str, RuleFn] = {
     "truncation_surge": policy.truncation_surge,
     "repetition": policy.repetition,
     "throughput_drop": process.throughput_drop,
+    "tool_error_surge": episode.tool_error_surge,
+    "turn_budget": episode.turn_budget,
 }
 # Rules about one step: judged at every record when scanning (a windowed rule may be judged less often).
 POINTWISE = ("nonfinite", "grad_spike", "exact_zero")
@@ -96,3 +98,5 @@ class GuardsConfig(BaseModel):
     eval_regression: reward.EvalRegressionThresholds = section(reward.EvalRegressionThresholds)
     throughput_drop: process.ThroughputDropThresholds = section(process.ThroughputDropThresholds)
     stalled: process.StalledThresholds = section(process.StalledThresholds)
+    tool_error_surge: episode.ToolErrorSurgeThresholds = section(episode.ToolErrorSurgeThresholds)
+    turn_budget: episode.TurnBudgetThresholds = section(episode.TurnBudgetThresholds)

@@ -1,0 +1,85 @@
+"""Rules about multi-turn episodes (environments; the metrics exist only for them, so the rules stay silent
+on single-turn runs): tool calls failing more and more (`tool_error_surge`), and episodes that nearly all run
+out of turns (`turn_budget`). Neither number comes from a paper: they are judgment calls, said as such."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from keelrl.guards.base import (
+    Finding,
+    Record,
+    RuleThresholds,
+    Severity,
+    finding,
+    mean_value,
+    span,
+    start_and_now,
+    tail,
+)
+
+
+class ToolErrorSurgeThresholds(RuleThresholds):
+    """Tool calls fail more and more often (episode/tool_error_rate: errors / calls in a step)."""
+
+    window: int = Field(5, ge=1, description="Steps averaged for the current tool error rate.")
+    baseline_steps: int = Field(5, ge=1, description="First training steps averaged for the starting rate.")
+    # Judgment: when half of the calls fail, the model is mostly talking to error messages; a policy
+    # that learned to call its tools does not drift there (tests/unit/test_rules.py pins the behaviour).
+    warn_rate: float = Field(0.5, gt=0.0, le=1.0, description="Tool error rate worth a warning.")
+    critical_rate: float = Field(0.9, gt=0.0, le=1.0, description="Critical at this rate when it has risen.")
+    min_rise: float = Field(0.2, ge=0.0, description="A surge must rise this much above the starting rate.")
+
+
+def tool_error_surge(history: Sequence[Record], t: ToolErrorSurgeThresholds) -> Finding | None:
+    """Most tool calls fail: a rise from the start is a warning or critical; a rate that was high from the
+    start is info (the model never learned the call format)."""
+    if (got := start_and_now(history, "episode/tool_error_rate", t.baseline_steps, t.window)) is None:
+        return None
+    r0, r, cur = got
+    if r < t.warn_rate:
+        return None
+    steps = f"steps {cur[0][0]}-{cur[-1][0]}"
+    if r - r0 < t.min_rise:
+        severity: Severity = "info"
+        msg = f"{r:.0%} of tool calls failed ({steps}), about as many as at the start ({r0:.0%})."
+    else:
+        severity = "critical" if r >= t.critical_rate else "warning"
+        msg = f"Failed tool calls rose from {r0:.0%} to {r:.0%} of calls ({steps})."
+    return finding(
+        "tool_error_surge",
+        severity,
+        span(cur),
+        {"tool_error_rate": r, "start_tool_error_rate": r0},
+        msg,
+        "Read the tool messages in rollouts.jsonl.gz (keelrl report shows transcripts): a changed call format, "
+        "a tool that raises, or a sandbox failing. A policy drifting into malformed calls: lower algo.lr.",
+        t.action,
+    )
+
+
+class TurnBudgetThresholds(RuleThresholds):
+    """Episodes nearly always end by running out of turns (episode/end/turns)."""
+
+    window: int = Field(5, ge=1, description="Steps averaged.")
+    # Judgment: an episode cut at max_turns was never finished, so its reward says little; when nearly all
+    # are cut, either the budget is too small for the task or the policy never says it is done.
+    warn_frac: float = Field(0.9, gt=0.0, le=1.0, description="Fraction of episodes out of turns that warns.")
+
+
+def turn_budget(history: Sequence[Record], t: TurnBudgetThresholds) -> Finding | None:
+    cur = tail(history, "episode/end/turns", t.window)
+    if len(cur) < t.window or (f := mean_value(cur)) < t.warn_frac:
+        return None
+    return finding(
+        "turn_budget",
+        "warning",
+        span(cur),
+        {"turns_frac": f},
+        f"{f:.0%} of episodes ran out of turns (steps {cur[0][0]}-{cur[-1][0]}): they never finished.",
+        "Raise episode.max_turns if the task needs more steps; if the model loops (the same tool call again and "
+        "again in the transcripts), the environment should end such episodes or the prompt say how to finish.",
+        t.action,
+    )

@@ -1,0 +1,177 @@
+"""Tools: Python callables with a JSON schema, the calls a model writes, and their results as messages.
+
+A call is written `<tool_call>...</tool_call>` inside an assistant turn, in either of two bodies:
+- JSON, as Qwen's and SmolLM2's chat templates teach (`apply_chat_template(tools=...)`):
+  `<tool_call>{"name": "calc", "arguments": {"expression": "3*4"}}</tool_call>` ("arguments" may also be a
+  JSON string, as some models write it);
+- plain text, for tiny models without a template: `<tool_call>calc: 3*4</tool_call>`; the text after the
+  colon is the tool's one required argument, or a JSON object of its arguments.
+Every call of a turn runs, in order. A malformed call (bad JSON, an unknown tool, wrong arguments, an
+unclosed tag) or a tool that raises becomes an error text in the tool's reply to the model, never an
+exception in the trainer; `run_tool_calls` counts both calls and errors (`tool_calls`, `tool_errors`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+from keelrl.tasks.env import Message
+
+CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+MAX_RESULT_CHARS = 4000  # a tool's reply is cut to this many characters (the context budget is tokens)
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+
+class ToolCallError(ValueError):
+    """A call the model wrote that cannot be run as written; its text is the reply the model sees."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    fn: Callable[..., Any]
+    description: str
+    parameters: dict[
+        str, Any
+    ]  # a JSON schema of an object: {"type": "object", "properties": ..., "required": ...}
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI-style function schema chat templates take (`tools=[tool.schema(), ...]`)."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def signature(self) -> str:
+        """`name(arg: type, ...)`, for the plain format's system text."""
+        props = self.parameters.get("properties", {})
+        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+        return f"{self.name}({args})"
+
+
+def tool(fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> Tool:
+    """A Tool from a function: its name, its docstring's first paragraph, and a schema from its annotated
+    parameters (str, int, float, bool, list, dict; a parameter without a default is required)."""
+    hints = get_type_hints(fn)
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for p in inspect.signature(fn).parameters.values():
+        props[p.name] = {"type": _JSON_TYPES.get(hints.get(p.name), "string")}
+        if p.default is inspect.Parameter.empty:
+            required.append(p.name)
+    doc = description if description is not None else (inspect.getdoc(fn) or "").split("\n\n")[0]
+    return Tool(name or fn.__name__, fn, doc, {"type": "object", "properties": props, "required": required})
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ToolReplies:
+    """The tool messages answering one assistant turn, and the counts."""
+
+    messages: list[Message] = field(default_factory=list)
+    calls: int = 0
+    errors: int = 0
+
+
+def parse_call(body: str, tools: dict[str, Tool]) -> ToolCall:
+    """One call's body (between the tags) -> ToolCall; raises ToolCallError saying what is wrong."""
+    text = body.strip()
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ToolCallError(f"the call is not valid JSON ({err.msg} at character {err.pos})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            raise ToolCallError('a JSON call needs "name" (a string) and "arguments" (an object)')
+        name, args = obj["name"], obj.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                raise ToolCallError('"arguments" is a string that is not a JSON object') from None
+        if not isinstance(args, dict):
+            raise ToolCallError('"arguments" must be a JSON object')
+    else:
+        name, sep, rest = text.partition(":")
+        name, rest = name.strip(), rest.strip()
+        if not sep:
+            raise ToolCallError('write a call as {"name": ..., "arguments": {...}} or as "name: argument"')
+        args = _plain_arguments(tools.get(name), rest)
+    if name not in tools:
+        raise ToolCallError(f"no tool named {name!r}; tools: {', '.join(tools) or 'none'}")
+    return ToolCall(name, args)
+
+
+def _plain_arguments(t: Tool | None, rest: str) -> dict[str, Any]:
+    if rest.startswith("{"):
+        try:
+            args = json.loads(rest)
+        except json.JSONDecodeError as err:
+            raise ToolCallError(f"the arguments are not valid JSON ({err.msg})") from None
+        if isinstance(args, dict):
+            return args
+    required = t.parameters.get("required", []) if t is not None else []
+    if t is not None and len(required) != 1:
+        raise ToolCallError(f"{t.name} takes {len(required)} arguments: pass a JSON object of them")
+    return {required[0]: rest} if required else {}
+
+
+def parse_calls(text: str, tools: Sequence[Tool]) -> list[ToolCall | ToolCallError]:
+    """Every call in an assistant turn, in order (a malformed one as its ToolCallError); [] when none."""
+    by_name = {t.name: t for t in tools}
+    out: list[ToolCall | ToolCallError] = []
+    for body in CALL_RE.findall(text):
+        try:
+            out.append(parse_call(body, by_name))
+        except ToolCallError as err:
+            out.append(err)
+    closed = text.count(CLOSE_TAG)
+    if text.count(OPEN_TAG) > closed:
+        out.append(ToolCallError(f"a {OPEN_TAG} without its {CLOSE_TAG}"))
+    return out
+
+
+def run_tool_calls(text: str, tools: Sequence[Tool]) -> ToolReplies:
+    """Run every call in `text`; each yields one tool message (its result, or "error: ...")."""
+    by_name = {t.name: t for t in tools}
+    replies = ToolReplies()
+    for call in parse_calls(text, tools):
+        replies.calls += 1
+        name = call.name if isinstance(call, ToolCall) else "error"
+        try:
+            if isinstance(call, ToolCallError):
+                raise call
+            result = by_name[call.name].fn(**call.arguments)
+            content = result if isinstance(result, str) else json.dumps(result)
+        except TypeError as err:  # wrong or missing arguments
+            replies.errors += 1
+            content = f"error: bad arguments for {name}: {err}"
+        except Exception as err:  # the tool raised, or the call was malformed: the model sees why
+            replies.errors += 1
+            content = (
+                f"error: {err}" if isinstance(err, ToolCallError) else f"error: {type(err).__name__}: {err}"
+            )
+        if len(content) > MAX_RESULT_CHARS:
+            content = content[:MAX_RESULT_CHARS] + f"\n[... {len(content) - MAX_RESULT_CHARS} characters cut]"
+        replies.messages.append({"role": "tool", "name": name, "content": content})
+    return replies
+
+
+def describe_tools(tools: Sequence[Tool]) -> str:
+    """The plain format's tool list, appended to the system text when there is no chat template."""
+    lines = [f"- {t.signature()}: {t.description}" for t in tools]
+    return (
+        "Tools:\n" + "\n".join(lines) + f"\nCall a tool with {OPEN_TAG}name: argument{CLOSE_TAG} or "
+        f'{OPEN_TAG}{{"name": ..., "arguments": {{...}}}}{CLOSE_TAG}; its result comes back in the next turn.'
+    )
