@@ -257,4 +257,4 @@ def test_multi_turn_episodes_on_the_engine(tok) -> None:
         gap = logprob_gap(
             [[t for t, m in zip(trainer, mask) if m]], [[s for s, m in zip(r.sample_logprobs, mask) if m]]
         )
-        assert gap.max_abs < 1e-3, gap
+        assert gap.tokens == sum(mask) and gap.max < 1e-3, gap
