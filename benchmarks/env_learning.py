@@ -35,7 +35,9 @@ TASK_PARAMS: dict[str, Any] = {
 }
 EPISODE = {"max_turns": 3, "max_context_tokens": 160, "workers": 8}
 MAX_NEW_TOKENS = 32
-_TURNS = re.compile(r"<tool_call>calc: (.*?)</tool_call>\nTool: (.*?)\nAssistant:<answer>(.*?)</answer>", re.DOTALL)
+_TURNS = re.compile(
+    r"<tool_call>calc: (.*?)</tool_call>\nTool: (.*?)\nAssistant:<answer>(.*?)</answer>", re.DOTALL
+)
 
 
 def corpus_text(task: Any, index: int, seed: int) -> str:
@@ -107,7 +109,8 @@ def feedback_use(report: Any) -> dict[str, Any]:
         kept[hit][0] += answer == checked
         kept[hit][1] += 1
     return {
-        f"keep_when_{'hit' if hit else 'miss'}": round(k / n, 3) if n else None for hit, (k, n) in kept.items()
+        f"keep_when_{'hit' if hit else 'miss'}": round(k / n, 3) if n else None
+        for hit, (k, n) in kept.items()
     } | {"episodes_hit": kept[True][1], "episodes_miss": kept[False][1]}
 
 

@@ -59,7 +59,9 @@ def main() -> None:
                 Scripted(), tok, fmt, env, episodes, settings, EpisodeLimits(8, 1 << 20, workers)
             )
             times[workers].append(time.perf_counter() - t0)
-            assert not errors and all(r.reward == 1.0 for r in rollouts), "the oracle must solve every episode"
+            assert not errors and all(r.reward == 1.0 for r in rollouts), (
+                "the oracle must solve every episode"
+            )
     med = {w: statistics.median(t) for w, t in times.items()}
     out = {
         "episodes": args.episodes,

@@ -47,7 +47,9 @@ def test_wrong_type_and_out_of_range() -> None:
         load_config("configs/smoke.toml", ['train.steps="many"'])
     with pytest.raises(ConfigError, match=r"`algo.lr`: Input should be greater than 0 \(got -1\)"):
         load_config("configs/smoke.toml", ["algo.lr=-1"])
-    with pytest.raises(ConfigError, match=r"`algo.advantage`.*'grpo', 'dr_grpo', 'rloo', 'reinforce_pp' or 'gae'"):
+    with pytest.raises(
+        ConfigError, match=r"`algo.advantage`.*'grpo', 'dr_grpo', 'rloo', 'reinforce_pp' or 'gae'"
+    ):
         load_config("configs/smoke.toml", ['algo.advantage="ppo"'])
 
 

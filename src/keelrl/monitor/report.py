@@ -414,7 +414,9 @@ def _transcript_html(turns: Any, max_turns: int = 40, max_chars: int = 500) -> s
         content = str(t.get("content", ""))
         if len(content) > max_chars:
             content = content[: max_chars - 1] + "…"
-        label = f"{t.get('role', '?')} · {t.get('tokens', '?')} tokens · {'trained' if trained else 'context'}"
+        label = (
+            f"{t.get('role', '?')} · {t.get('tokens', '?')} tokens · {'trained' if trained else 'context'}"
+        )
         out.append(
             f'<div class="turn {"trained" if trained else "context"}"><div class="role">{_esc(label)}</div>'
             f'<pre class="text">{_esc(content)}</pre></div>'
