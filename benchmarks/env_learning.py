@@ -33,8 +33,8 @@ TASK_PARAMS: dict[str, Any] = {
     "max_target": 2500,
     "test_fraction": 0.3,
 }
-EPISODE = {"max_turns": 3, "max_context_tokens": 160, "workers": 8}
-MAX_NEW_TOKENS = 32
+EPISODE = {"max_turns": 3, "max_context_tokens": 180, "workers": 8}
+MAX_NEW_TOKENS = 48  # a call "<tool_call>calc: 47*20</tool_call>" and its stop token are 35
 _TURNS = re.compile(
     r"<tool_call>calc: (.*?)</tool_call>\nTool: (.*?)\nAssistant:<answer>(.*?)</answer>", re.DOTALL
 )
