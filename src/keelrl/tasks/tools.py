@@ -152,11 +152,13 @@ def run_tool_calls(text: str, tools: Sequence[Tool]) -> ToolReplies:
         try:
             if isinstance(call, ToolCallError):
                 raise call
-            result = by_name[call.name].fn(**call.arguments)
-            content = result if isinstance(result, str) else json.dumps(result)
-        except TypeError as err:  # wrong or missing arguments
-            replies.errors += 1
-            content = f"error: bad arguments for {name}: {err}"
+            fn = by_name[call.name].fn
+            try:
+                inspect.signature(fn).bind(**call.arguments)
+            except TypeError as err:  # wrong or missing arguments
+                raise ToolCallError(f"bad arguments for {name}: {err}") from None
+            result = fn(**call.arguments)
+            content = result if isinstance(result, str) else json.dumps(result, default=str)
         except Exception as err:  # the tool raised, or the call was malformed: the model sees why
             replies.errors += 1
             content = (
