@@ -44,6 +44,7 @@ def _sigkill_trial(drill: Drill, tmp_path: Path, reference: Path, rng: random.Ra
     assert_same_run(run_dir, reference)
 
 
+@pytest.mark.slow  # a fuzz over kill moments; the fixed-moment drills here stay in the default suite
 def test_sigkill_at_random_moments_resumes_exactly(drill: Drill, tmp_path: Path, reference_run: Path) -> None:
     rng = random.Random(1)
     for trial in range(2):
