@@ -24,15 +24,10 @@ from typing import Any
 
 import torch
 
-TASK_PARAMS: dict[str, Any] = {
-    "brief": True,
-    "min_numbers": 2,
-    "max_numbers": 2,
-    "min_number": 1,
-    "max_number": 50,
-    "max_target": 2500,
-    "test_fraction": 0.3,
-}
+from keelrl.demo import DEMO_TASK_PARAMS
+
+# the demo's problems, with the tool environment's short opening
+TASK_PARAMS: dict[str, Any] = {**DEMO_TASK_PARAMS, "brief": True}
 EPISODE = {"max_turns": 3, "max_context_tokens": 180, "workers": 8}
 MAX_NEW_TOKENS = 48  # a call "<tool_call>calc: 47*20</tool_call>" and its stop token are 35
 _TURNS = re.compile(
