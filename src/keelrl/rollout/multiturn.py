@@ -2,7 +2,8 @@
 
 `run_multiturn` plays a batch of episodes. Each turn, every live episode's whole sequence so far is one
 prompt of one batched `sampler.generate` call (rows grouped by their token budget); then the environment
-answers every episode's turn on a thread pool (tool calls and sandbox runs are the slow part). An episode's
+answers every episode's turn on a thread pool (tool calls and sandbox runs are the slow part). An episode
+that has ended is scored (`finish`) on the pool at once, while the others take their next turns. An episode's
 rollout is one token sequence: `prompt_ids` (the opening), then `completion_ids` holding the sampled turns
 (trainable 1, their sampling log-probs) and the environment's replies (trainable 0, log-prob 0). Tokens are
 never decoded and re-encoded (rollout/chat.py).
@@ -30,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +96,8 @@ def run_multiturn(
     environment (`step`, `finish`), each of which scored its episode 0."""
     with ThreadPoolExecutor(max(1, limits.workers), thread_name_prefix="keelrl-env") as pool:
         lives = list(pool.map(lambda e: _start(env, fmt, e), episodes))
+        # each episode is scored as soon as it ends, while the others go on (its hidden tests overlap their turns)
+        finishing: dict[int, Future[Score]] = {}
         for turn in range(1, limits.max_turns + 1):
             active = [x for x in lives if x.end is None]
             if not active:
@@ -102,10 +105,15 @@ def run_multiturn(
             _sample_turn(sampler, tokenizer, settings, active, limits, turn)
             stepping = [x for x in active if x.end is None]
             list(pool.map(lambda x: _env_step(env, fmt, x, limits), stepping))
-        for x in lives:
+            for i, x in enumerate(lives):
+                if x.end is not None and i not in finishing:
+                    finishing[i] = pool.submit(_finish, env, x)
+        for i, x in enumerate(lives):
             if x.end is None:
                 x.end = "turns"
-        scores = list(pool.map(lambda x: _finish(env, x), lives))
+            if i not in finishing:
+                finishing[i] = pool.submit(_finish, env, x)
+        scores = [finishing[i].result() for i in range(len(lives))]
     version = sampler.policy_version
     rollouts = [_rollout(x, s, tokenizer, settings, version) for x, s in zip(lives, scores)]
     return rollouts, [x.error for x in lives if x.error]
