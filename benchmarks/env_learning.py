@@ -76,18 +76,17 @@ def base_model(out: Path, seed: int) -> Path:
 
 
 def evaluate(model_path: Path, seed: int) -> Any:
-    from keelrl.config import ModelConfig
+    from keelrl.config import EpisodeConfig, ModelConfig
     from keelrl.evaluate import evaluate as run
     from keelrl.models import load_policy
     from keelrl.rollout import make_sampler
-    from keelrl.rollout.multiturn import EpisodeLimits
     from keelrl.tasks import get_task
 
     policy, tok = load_policy(ModelConfig(path=str(model_path)))
     task = get_task("countdown_tools", **TASK_PARAMS)
     return run(
         make_sampler(None, policy, tok), tok, task, "compact", 500, max_new_tokens=MAX_NEW_TOKENS, seed=seed,
-        batch_size=128, limits=EpisodeLimits(**EPISODE),
+        batch_size=128, limits=EpisodeConfig(**EPISODE),
     )  # fmt: skip
 
 

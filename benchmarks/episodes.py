@@ -18,11 +18,12 @@ from pathlib import Path
 
 
 def main() -> None:
+    from keelrl.config import EpisodeConfig
     from keelrl.models import build_char_tokenizer
     from keelrl.rollout import Generation, SamplingSettings
     from keelrl.rollout.chat import PlainFormat
     from keelrl.rollout.episodes import Episode
-    from keelrl.rollout.multiturn import EpisodeLimits, run_multiturn, turn_seed
+    from keelrl.rollout.multiturn import episode_errors, run_multiturn, turn_seed
     from keelrl.sandbox.isolation import detect_isolation
     from keelrl.tasks import get_task
     from keelrl.tasks.swe_mini import oracle_turns
@@ -55,11 +56,17 @@ def main() -> None:
     for _ in range(args.repeats):
         for workers in times:
             t0 = time.perf_counter()
-            rollouts, errors = run_multiturn(
-                Scripted(), tok, fmt, env, episodes, settings, EpisodeLimits(8, 1 << 20, workers)
+            rollouts = run_multiturn(
+                Scripted(),
+                tok,
+                fmt,
+                env,
+                episodes,
+                settings,
+                EpisodeConfig(max_turns=8, max_context_tokens=1 << 20, workers=workers),
             )
             times[workers].append(time.perf_counter() - t0)
-            assert not errors and all(r.reward == 1.0 for r in rollouts), (
+            assert not episode_errors(rollouts) and all(r.reward == 1.0 for r in rollouts), (
                 "the oracle must solve every episode"
             )
     med = {w: statistics.median(t) for w, t in times.items()}

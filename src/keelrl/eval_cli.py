@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from keelrl.config import ConfigError
+from keelrl.config import ConfigError, EpisodeConfig
 
 
 def run_config_near(model_path: str) -> dict[str, Any] | None:
@@ -130,16 +130,8 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
                 "template": template,
             },
             on_progress=advance,
-            limits=_episode_limits(run_cfg),
+            limits=EpisodeConfig(**run_cfg.get("episode", {})),  # the run's budgets (defaults without one)
         )
-
-
-def _episode_limits(run_cfg: dict[str, Any]) -> Any:
-    """The `[episode]` budgets of the run the model came from (the defaults without one)."""
-    from keelrl.config import EpisodeConfig
-    from keelrl.rollout.multiturn import EpisodeLimits
-
-    return EpisodeLimits(**EpisodeConfig(**run_cfg.get("episode", {})).model_dump())
 
 
 def _console() -> Any:

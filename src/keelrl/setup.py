@@ -30,7 +30,6 @@ from keelrl.monitor.run_lock import RunLock, RunLockedError, hold
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
 from keelrl.rollout import SamplingSettings, make_sampler, resolve_template
 from keelrl.rollout.episodes import Prompter
-from keelrl.rollout.multiturn import EpisodeLimits
 from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus
 from keelrl.run import Live, ResumeError, Run
 from keelrl.state import TrainState
@@ -183,7 +182,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             run_dir=run_dir,
             tokenizer=tokenizer,
             task=task,
-            prompter=Prompter(task, tokenizer, template, EpisodeLimits(**cfg.episode.model_dump())),
+            prompter=Prompter(task, tokenizer, template, cfg.episode),
             source=source,
             sampler=engines[-1],
             scorer=engines[0] if d.scorer == "ray" else None,

@@ -206,11 +206,11 @@ def test_multi_turn_episodes_on_the_engine(tok) -> None:
     """Environments on vLLM: each turn's prompt is the whole episode so far (the engine's prefix cache sees
     the same prefixes again, turn after turn); the trained ids are the engine's tokens, and the trainer's
     log-probs over the whole multi-turn sequence match the engine's on every trained token."""
-    from keelrl.config import TinyModelConfig
+    from keelrl.config import EpisodeConfig, TinyModelConfig
     from keelrl.demo import pretrain
     from keelrl.rollout.chat import PlainFormat
     from keelrl.rollout.episodes import Episode
-    from keelrl.rollout.multiturn import EpisodeLimits, run_multiturn
+    from keelrl.rollout.multiturn import episode_errors, run_multiturn
     from keelrl.tasks.base import Score
     from keelrl.tasks.env import StepResult
 
@@ -245,12 +245,18 @@ def test_multi_turn_episodes_on_the_engine(tok) -> None:
     try:
         engine.update_weights(untied_state_dict(model).items(), version=1)
         episodes = [Episode(i, {"n": i}, i, 50 + i) for i in range(6)]
-        rollouts, errors = run_multiturn(
-            engine, tok, PlainFormat(tok), Echo(), episodes, SamplingSettings(12), EpisodeLimits(3, 400, 4)
+        rollouts = run_multiturn(
+            engine,
+            tok,
+            PlainFormat(tok),
+            Echo(),
+            episodes,
+            SamplingSettings(12),
+            EpisodeConfig(max_turns=3, max_context_tokens=400, workers=4),
         )
     finally:
         engine.shutdown()
-    assert not errors and max(r.info["turns"] for r in rollouts) == 3
+    assert not episode_errors(rollouts) and max(r.info["turns"] for r in rollouts) == 3
     for r in rollouts:
         mask = [bool(m) for m in r.trainable]
         trainer = trainer_logprobs(model, [r.prompt_ids], [r.completion_ids], 1.0)[0]

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from keelrl.config import TinyModelConfig
+from keelrl.config import EpisodeConfig, TinyModelConfig
 from keelrl.models import build_tiny_model
 from keelrl.rollout import Generation, SamplingSettings
 from keelrl.rollout.chat import PlainFormat, TemplateFormat
 from keelrl.rollout.episodes import Episode
-from keelrl.rollout.multiturn import EpisodeLimits, run_multiturn, turn_seed
+from keelrl.rollout.multiturn import episode_errors, run_multiturn, turn_seed
 from keelrl.tasks.base import Score
 from keelrl.tasks.env import EpisodeState, StepResult
 from keelrl.tasks.tools import run_tool_calls, tool
@@ -116,14 +116,14 @@ class EchoEnv:
         return Score(0.0, bool(state.infos and state.infos[-1]["correct"]), {"said": said})
 
 
-WIDE = EpisodeLimits(8, 4096, 4)
+WIDE = EpisodeConfig(max_turns=8, max_context_tokens=4096, workers=4)
 
 
 def play(tok, fmt, env, script, seeds=(11,), limits=WIDE, max_new=16):
     sampler = ScriptedSampler(script, tok.eos_token_id)
     episodes = [Episode(i, env.problem("train", i), i, s) for i, s in enumerate(seeds)]
-    rollouts, errors = run_multiturn(sampler, tok, fmt, env, episodes, SamplingSettings(max_new), limits)
-    return rollouts, errors, sampler
+    rollouts = run_multiturn(sampler, tok, fmt, env, episodes, SamplingSettings(max_new), limits)
+    return rollouts, episode_errors(rollouts), sampler
 
 
 @pytest.mark.parametrize("fmt_name", ["plain", "chat"])
@@ -203,7 +203,12 @@ def test_budgets_end_episodes_with_their_reason(tok) -> None:
     short = [*ids(tok, "h", "o"), eos]
     # turns: the environment never says done within max_turns
     (r,), _, s = play(
-        tok, fmt, EchoEnv(turns=99), {turn_seed(1, k): short for k in (1, 2)}, (1,), EpisodeLimits(2, 4096, 1)
+        tok,
+        fmt,
+        EchoEnv(turns=99),
+        {turn_seed(1, k): short for k in (1, 2)},
+        (1,),
+        EpisodeConfig(max_turns=2, max_context_tokens=4096, workers=1),
     )
     assert r.finish_reason == "turns" and r.info["turns"] == 2 and len(s.calls) == 2
     assert r.trainable[-1] == 1  # no reply after the last turn
@@ -216,12 +221,25 @@ def test_budgets_end_episodes_with_their_reason(tok) -> None:
     reply = len(fmt.reply([], [{"role": "tool", "content": "o\nlo"}], eos))
     budget = opening + len(short) + reply + 5
     script = {turn_seed(5, 1): short, turn_seed(5, 2): long_turn}
-    (r,), _, s = play(tok, fmt, EchoEnv(), script, (5,), EpisodeLimits(8, budget, 1), max_new=16)
+    (r,), _, s = play(
+        tok,
+        fmt,
+        EchoEnv(),
+        script,
+        (5,),
+        EpisodeConfig(max_turns=8, max_context_tokens=budget, workers=1),
+        max_new=16,
+    )
     assert s.calls[-1][2] == 5 and r.finish_reason == "context"
     assert len(r.prompt_ids) + len(r.completion_ids) == budget
     # context: a reply that does not fit is dropped and ends the episode
     (r,), _, _ = play(
-        tok, fmt, EchoEnv(), {turn_seed(6, 1): short}, (6,), EpisodeLimits(8, opening + len(short) + 2, 1)
+        tok,
+        fmt,
+        EchoEnv(),
+        {turn_seed(6, 1): short},
+        (6,),
+        EpisodeConfig(max_turns=8, max_context_tokens=opening + len(short) + 2, workers=1),
     )
     assert r.finish_reason == "context" and r.completion_ids == short
 
@@ -230,9 +248,13 @@ def test_results_do_not_depend_on_batching_or_threads(tok) -> None:
     fmt, eos = PlainFormat(tok), tok.eos_token_id
     seeds = list(range(20, 26))
     script = {turn_seed(s, k): ids(tok, "h") * (1 + (s + k) % 4) + [eos] for s in seeds for k in range(1, 4)}
-    together, _, _ = play(tok, fmt, EchoEnv(), script, seeds, EpisodeLimits(8, 4096, 6))
+    together, _, _ = play(
+        tok, fmt, EchoEnv(), script, seeds, EpisodeConfig(max_turns=8, max_context_tokens=4096, workers=6)
+    )
     for s, want in zip(seeds, together):
-        (alone,), _, _ = play(tok, fmt, EchoEnv(), script, (s,), EpisodeLimits(8, 4096, 1))
+        (alone,), _, _ = play(
+            tok, fmt, EchoEnv(), script, (s,), EpisodeConfig(max_turns=8, max_context_tokens=4096, workers=1)
+        )
         assert alone.completion_ids == want.completion_ids and alone.trainable == want.trainable
 
 
@@ -335,8 +357,14 @@ def test_a_real_model_samples_the_trained_tokens(tok) -> None:
 
     episodes = [Episode(i, {"i": i}, i, 100 + i) for i in range(4)]
     env = EchoEnv(turns=3)
-    rollouts, _ = run_multiturn(
-        Recording(), tok, PlainFormat(tok), env, episodes, SamplingSettings(6), EpisodeLimits(3, 400, 2)
+    rollouts = run_multiturn(
+        Recording(),
+        tok,
+        PlainFormat(tok),
+        env,
+        episodes,
+        SamplingSettings(6),
+        EpisodeConfig(max_turns=3, max_context_tokens=400, workers=2),
     )
     for r in rollouts:
         mask = torch.tensor(r.trainable, dtype=torch.bool)

@@ -23,8 +23,8 @@ from keelrl.seeds import stable_hash
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from keelrl.config import EpisodeConfig
     from keelrl.rollout import Sampler
-    from keelrl.rollout.multiturn import EpisodeLimits
     from keelrl.tasks import Task, Template
 
 SCHEMA = "keelrl.eval/1"
@@ -154,7 +154,7 @@ def evaluate(
     split: str = "test",
     meta: Mapping[str, Any] | None = None,
     on_progress: Callable[[int], None] | None = None,
-    limits: EpisodeLimits | None = None,
+    limits: EpisodeConfig | None = None,
 ) -> EvalReport:
     """A greedy pass (if `greedy`) and an n-sample pass (if `samples` > 0) over the first `num_problems` of
     `split`. `ks` defaults to 1, 2, 4, ... n; `meta` (model name, task params, ...) goes into the settings.

@@ -16,12 +16,13 @@ import numpy as np
 
 from keelrl.rollout.types import is_truncated
 from keelrl.seeds import stable_hash
+from keelrl.tasks.env import ERROR_REASONS
 
 if TYPE_CHECKING:  # torch and transformers load only when a model is evaluated
     from transformers import PreTrainedTokenizerBase
 
+    from keelrl.config import EpisodeConfig
     from keelrl.rollout import Rollout, Sampler, SamplingSettings
-    from keelrl.rollout.multiturn import EpisodeLimits
     from keelrl.tasks import Task, Template
 
 
@@ -55,7 +56,7 @@ class ProblemResult:
         self.truncated.append(is_truncated(rollout.finish_reason))
         self.lengths.append(sum(rollout.trainable))  # the model's tokens (an environment's are context)
         self.answers.append(extracted_answer(info, text, formatted))
-        errored = info.get("reason") in ("score_error", "env_error")
+        errored = info.get("reason") in ERROR_REASONS
         self.score_errors.append(info["error"] if errored else None)
         if "turns" in info:
             self.turns.append(int(info["turns"]))
@@ -122,7 +123,7 @@ def run_eval(
     batch_size: int = 128,
     split: str = "test",
     on_progress: Callable[[int], None] | None = None,
-    limits: EpisodeLimits | None = None,
+    limits: EpisodeConfig | None = None,
 ) -> list[ProblemResult]:
     """Generate and score `samples` completions for each of the first `num_problems` problems of `split`;
     `on_progress(k)` is called after each batch of k completions. `limits`: an environment's budgets."""

@@ -17,9 +17,10 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from keelrl.config import EpisodeConfig
 from keelrl.rollout import Rollout, Sampler, SamplingSettings, render_prompt
 from keelrl.rollout.chat import chat_format
-from keelrl.rollout.multiturn import EpisodeLimits, run_multiturn
+from keelrl.rollout.multiturn import episode_errors, run_multiturn
 from keelrl.tasks import Score, Task, Template
 from keelrl.tasks.base import score_safely
 from keelrl.tasks.env import is_environment
@@ -47,13 +48,18 @@ class Prompter:
         task: Task,
         tokenizer: PreTrainedTokenizerBase,
         template: Template,
-        limits: EpisodeLimits | None = None,
+        limits: EpisodeConfig | None = None,
     ) -> None:
         self.task, self.tokenizer, self.template = task, tokenizer, template
         self.cache: dict[int, tuple[list[int], str]] = {}
-        self.multiturn = is_environment(task)
-        self.limits = limits or EpisodeLimits()
-        self.chat = chat_format(template, tokenizer, getattr(task, "tools", ())) if self.multiturn else None
+        self.limits = limits or EpisodeConfig()
+        env = is_environment(task)
+        self.chat = chat_format(template, tokenizer, getattr(task, "tools", ())) if env else None
+
+    @property
+    def multiturn(self) -> bool:
+        """Whether the task is an environment (its episodes take turns)."""
+        return self.chat is not None
 
     def __call__(self, index: int, problem: dict[str, Any]) -> tuple[list[int], str]:
         if index not in self.cache:
@@ -70,11 +76,10 @@ def generate(
 ) -> list[Rollout]:
     """One completion per episode, as unscored rollouts (all tokens trainable: single-turn); for an
     environment, one whole episode each, scored."""
-    if prompter.chat is not None:
-        rollouts, _ = run_multiturn(
+    if prompter.chat is not None:  # an environment
+        return run_multiturn(
             sampler, prompter.tokenizer, prompter.chat, prompter.task, episodes, settings, prompter.limits
         )
-        return rollouts
     prompts = [prompter(e.problem_index, e.problem) for e in episodes]
     gens = sampler.generate([ids for ids, _ in prompts], settings, [e.seed for e in episodes])
     return [
@@ -100,7 +105,7 @@ def score(task: Task, rollouts: Sequence[Rollout], score_fn: ScoreFn | None = No
     """Score each rollout's assistant prefix + completion in place; returns the checker errors (scored 0).
     An environment's episodes were scored as they ended: returns the errors its `step` or `finish` raised."""
     if is_environment(task):
-        return [r.info["error"] for r in rollouts if r.info.get("reason") in ("env_error", "score_error")]
+        return episode_errors(rollouts)
     problems = [r.problem for r in rollouts]
     texts = [r.prefix + r.text for r in rollouts]
     scores, errors = (score_fn or (lambda p, t: score_safely(task, p, t)))(problems, texts)

@@ -35,23 +35,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from keelrl.config import EpisodeConfig
 from keelrl.rollout.types import Rollout, Sampler, SamplingSettings
 from keelrl.seeds import stable_hash
 from keelrl.tasks.base import Score
-from keelrl.tasks.env import EpisodeEnd, EpisodeState, advance, episode_score
+from keelrl.tasks.env import ERROR_REASONS, EpisodeEnd, EpisodeState, advance, episode_score
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
     from keelrl.rollout.chat import ChatFormat
     from keelrl.rollout.episodes import Episode
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    max_turns: int = 8
-    max_context_tokens: int = 2048
-    workers: int = 8  # threads for the environment's steps
 
 
 @dataclass
@@ -66,7 +60,6 @@ class _Live:
     transcript: list[dict[str, Any]] = field(default_factory=list)
     end: EpisodeEnd | None = None
     error: str | None = None
-    last_turn: list[int] = field(default_factory=list)
 
     @property
     def length(self) -> int:
@@ -90,10 +83,10 @@ def run_multiturn(
     env: Any,
     episodes: Sequence[Episode],
     settings: SamplingSettings,
-    limits: EpisodeLimits,
-) -> tuple[list[Rollout], list[str]]:
-    """Play `episodes` to their end; returns their scored rollouts (in order) and the errors raised by the
-    environment (`step`, `finish`), each of which scored its episode 0."""
+    limits: EpisodeConfig,
+) -> list[Rollout]:
+    """Play `episodes` to their end; returns their scored rollouts, in order (`episode_errors` lists what the
+    environment raised)."""
     with ThreadPoolExecutor(max(1, limits.workers), thread_name_prefix="keelrl-env") as pool:
         lives = list(pool.map(lambda e: _start(env, fmt, e), episodes))
         # each episode is scored as soon as it ends, while the others go on (its hidden tests overlap their turns)
@@ -115,8 +108,12 @@ def run_multiturn(
                 finishing[i] = pool.submit(_finish, env, x)
         scores = [finishing[i].result() for i in range(len(lives))]
     version = sampler.policy_version
-    rollouts = [_rollout(x, s, tokenizer, settings, version) for x, s in zip(lives, scores)]
-    return rollouts, [x.error for x in lives if x.error]
+    return [_rollout(x, s, tokenizer, settings, version) for x, s in zip(lives, scores)]
+
+
+def episode_errors(rollouts: Sequence[Rollout]) -> list[str]:
+    """The errors an environment raised (`step`, `finish`) in these episodes, in order; each scored its episode 0."""
+    return [r.info["error"] for r in rollouts if r.info.get("reason") in ERROR_REASONS]
 
 
 def _start(env: Any, fmt: ChatFormat, e: Episode) -> _Live:
@@ -130,7 +127,7 @@ def _sample_turn(
     tokenizer: Tokenizer,
     settings: SamplingSettings,
     active: list[_Live],
-    limits: EpisodeLimits,
+    limits: EpisodeConfig,
     turn: int,
 ) -> None:
     """One batched generation per distinct token cap; appends each turn's tokens (trainable)."""
@@ -149,14 +146,13 @@ def _sample_turn(
         for x, gen in zip(rows, gens):
             text = tokenizer.decode(gen.completion_ids, skip_special_tokens=True)
             x.append(list(gen.completion_ids), list(gen.logprobs), {"role": "assistant", "content": text})
-            x.last_turn = list(gen.completion_ids)
             if gen.finish_reason == "length":
                 x.end = "length" if cap == settings.max_new_tokens else "context"
                 x.state.turn += 1  # not stepped, but in the transcript `finish` scores
                 x.state.messages.append({"role": "assistant", "content": text})
 
 
-def _env_step(env: Any, fmt: ChatFormat, x: _Live, limits: EpisodeLimits) -> None:
+def _env_step(env: Any, fmt: ChatFormat, x: _Live, limits: EpisodeConfig) -> None:
     state = x.state
     try:
         out = advance(env, state, x.transcript[-1]["content"])
@@ -169,7 +165,8 @@ def _env_step(env: Any, fmt: ChatFormat, x: _Live, limits: EpisodeLimits) -> Non
         return
     if state.turn == limits.max_turns:
         return  # out of turns: the reply would never be read
-    reply = fmt.reply(x.opening, out.messages, x.last_turn[-1] if x.last_turn else None)
+    last = x.ids[-1] if x.trainable and x.trainable[-1] else None  # the turn's last sampled token
+    reply = fmt.reply(x.opening, out.messages, last)
     if x.length + len(reply) >= limits.max_context_tokens:
         x.end = "context"
         return
@@ -199,7 +196,7 @@ def _rollout(
     infos = x.state.infos
     info = {
         **score.info,
-        "turns": sum(1 for t in x.transcript if t["role"] == "assistant"),
+        "turns": x.state.turn,
         "tool_calls": sum(int(i.get("tool_calls", 0)) for i in infos),
         "tool_errors": sum(int(i.get("tool_errors", 0)) for i in infos),
         "end_reason": x.end,

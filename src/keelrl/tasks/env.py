@@ -38,6 +38,9 @@ from keelrl.tasks.base import Score, Split
 Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": str, ...}
 EpisodeEnd = Literal["done", "turns", "context", "length"]  # why an episode ended (rollout/multiturn.py)
 EPISODE_ENDS: tuple[EpisodeEnd, ...] = ("done", "turns", "context", "length")
+# Score.info["reason"] of a sample scored 0 because code raised: a checker or `finish` (score_error), `step`
+# (env_error); info["error"] then says what
+ERROR_REASONS = ("score_error", "env_error")
 
 
 @dataclass
