@@ -309,6 +309,30 @@ def shared_pool(isolation: str, workers: int, hide: tuple[str, ...] = ()) -> San
         return _pools[key]
 
 
+class SandboxFailures:
+    """Sandbox errors in a row (the sandbox's fault, not the code's), shared by the tasks that run code: after
+    MAX_CONSECUTIVE_SANDBOX_ERRORS of them `observe` raises, rather than let a run train on meaningless rewards."""
+
+    def __init__(self, who: str) -> None:
+        self.who, self.count = who, 0
+        self._lock = threading.Lock()
+
+    def observe(self, result: ExecResult) -> bool:
+        """Whether `result` is a sandbox error (counted); any other result starts the count again."""
+        with self._lock:
+            if result.status != "sandbox_error":
+                self.count = 0
+                return False
+            self.count += 1
+            logger.warning("%s: sandbox error: %s", self.who, result.detail)
+            if self.count >= MAX_CONSECUTIVE_SANDBOX_ERRORS:
+                raise SandboxError(
+                    f"the sandbox failed {self.count} times in a row (last: {result.detail}); "
+                    "stopping rather than training on meaningless rewards"
+                )
+            return True
+
+
 class CodeTask:
     """Python programming problems scored by unit tests in a sandbox."""
 
@@ -332,8 +356,7 @@ class CodeTask:
                     f"test_fraction={p.test_fraction}); add problems or change test_fraction"
                 )
         self.limits = SandboxLimits(wall_s=p.timeout_s, memory_mb=p.memory_mb, processes=p.max_processes)
-        self._sandbox_errors = 0
-        self._errors_lock = threading.Lock()
+        self._failures = SandboxFailures("code task")
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
         return self._pick(self.splits[split], index, split)
@@ -406,17 +429,8 @@ class CodeTask:
         }
         if verdict.detail:
             info["detail"] = verdict.detail[:300]
-        with self._errors_lock:
-            if r.status == "sandbox_error":
-                self._sandbox_errors += 1
-                logger.warning("code task: sandbox error: %s", r.detail)
-                if self._sandbox_errors >= MAX_CONSECUTIVE_SANDBOX_ERRORS:
-                    raise SandboxError(
-                        f"the sandbox failed {self._sandbox_errors} times in a row (last: {r.detail}); "
-                        "stopping rather than training on meaningless rewards"
-                    )
-                return Score(0.1, False, info)  # not the code's fault: no worse than a failing solution
-            self._sandbox_errors = 0
+        if self._failures.observe(r):
+            return Score(0.1, False, info)  # not the code's fault: no worse than a failing solution
         if verdict.ok:
             return Score(1.0, True, info)
         reward = 0.1 + 0.9 * verdict.passed / verdict.total if self.params.partial_credit else 0.1

@@ -34,9 +34,7 @@ total, detail (the first failing case), edits, family.
 from __future__ import annotations
 
 import json
-import logging
 import random
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from string import Template
@@ -45,10 +43,10 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from keelrl.sandbox.judge import Case, calls_of, judge, same
-from keelrl.sandbox.result import SandboxError, SandboxLimits
+from keelrl.sandbox.result import SandboxLimits
 from keelrl.seeds import stable_hash
 from keelrl.tasks.base import Score, Split, TaskParams, in_test_split, unknown_bucket
-from keelrl.tasks.code import MAX_CONSECUTIVE_SANDBOX_ERRORS, shared_pool
+from keelrl.tasks.code import SandboxFailures, shared_pool
 from keelrl.tasks.env import EpisodeState, Message, StepResult
 from keelrl.tasks.repo import (
     CALL_ENTRY,
@@ -62,8 +60,6 @@ from keelrl.tasks.repo import (
     workspace_tools,
 )
 from keelrl.tasks.tools import run_tool_calls
-
-logger = logging.getLogger("keelrl.tasks.swe_mini")
 
 FAMILIES = tuple(
     "wrong_operator wrong_default wrong_init missing_edge_case off_by_one wrong_variable swapped_arguments".split()
@@ -525,8 +521,7 @@ class SweMini:
             wall_s=p.timeout_s, memory_mb=p.memory_mb, processes=p.max_processes, tmp_mb=16
         )
         self.tools = workspace_tools(None, None)
-        self._sandbox_errors = 0
-        self._lock = threading.Lock()
+        self._failures = SandboxFailures("swe_mini")
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
         return generate(self.seed, split, index, self.params)
@@ -581,16 +576,7 @@ class SweMini:
         }
         if verdict.detail:
             info["detail"] = verdict.detail[:300]
-        with self._lock:
-            if result.status == "sandbox_error":
-                self._sandbox_errors += 1
-                logger.warning("swe_mini: sandbox error: %s", result.detail)
-                if self._sandbox_errors >= MAX_CONSECUTIVE_SANDBOX_ERRORS:
-                    raise SandboxError(
-                        f"the sandbox failed {self._sandbox_errors} times in a row (last: {result.detail})"
-                    )
-            else:
-                self._sandbox_errors = 0
+        self._failures.observe(result)
         return Score(1.0 if verdict.ok else 0.0, verdict.ok, info)
 
     def close(self, state: EpisodeState) -> None:

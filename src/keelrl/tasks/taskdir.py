@@ -16,7 +16,8 @@ and output limits, no network, nothing writable outside its private directory): 
 materialised as `app/`, `tests/` is copied in beside it only now, and `bash tests/test.sh` runs with `app/`
 as its working directory and `$APP_DIR`, `$TESTS_DIR` and `$REWARD_FILE` set. Reward (Harbor's
 reward.txt convention): the number test.sh wrote to `$REWARD_FILE` if it wrote one, else 1.0 if it exited
-0 and 0.0 otherwise; `correct` is reward >= 1.
+0 and 0.0 otherwise; `correct` is reward >= 1. A sandbox that keeps failing (its fault, not the task's) stops
+the run, as for the code task (`SandboxFailures`).
 
 What is guaranteed: the model never sees the tests (they are not in the working copy, and list_files and
 read_file see only the working copy), cannot edit them (they are copied in fresh after the episode), and
@@ -49,7 +50,7 @@ from keelrl.sandbox.pool import SandboxPool
 from keelrl.sandbox.result import Call, SandboxLimits
 from keelrl.seeds import stable_hash
 from keelrl.tasks.base import Score, Split, TaskParams, in_test_split, unknown_bucket
-from keelrl.tasks.code import shared_pool
+from keelrl.tasks.code import SandboxFailures, shared_pool
 from keelrl.tasks.env import EpisodeState, Message, StepResult
 from keelrl.tasks.repo import Workspace, run_visible_tests, sandbox_job, workspace_tools
 from keelrl.tasks.tools import run_tool_calls
@@ -175,6 +176,7 @@ class TaskDirs:
                     f"{self.params.test_fraction}); add tasks or change test_fraction"
                 )
         self.tools = workspace_tools(None, None)
+        self._failures = SandboxFailures(self.name)
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
         return self._pick(self.splits[split], index, split)
@@ -228,6 +230,7 @@ class TaskDirs:
         call = Call(f"{task['tests']!r}, {timeout!r}")
         job = sandbox_job(files, VERIFY_PROGRAM, VERIFY_ENTRY, [call], self.limits(timeout + 10.0))
         result = self.pool().submit(job).result()
+        self._failures.observe(result)
         return verdict(result, task["name"])
 
 
