@@ -16,8 +16,8 @@ and output limits, no network, nothing writable outside its private directory): 
 materialised as `app/`, `tests/` is copied in beside it only now, and `bash tests/test.sh` runs with `app/`
 as its working directory and `$APP_DIR`, `$TESTS_DIR` and `$REWARD_FILE` set. Reward (Harbor's
 reward.txt convention): the number test.sh wrote to `$REWARD_FILE` if it wrote one, else 1.0 if it exited
-0 and 0.0 otherwise; `correct` is reward >= 1. A sandbox that keeps failing (its fault, not the task's) stops
-the run, as for the code task (`SandboxFailures`).
+0 and 0.0 otherwise; `correct` is reward >= 1. A sandbox that keeps failing (its fault, not the task's) makes
+`finish` raise, as the code task's scoring does (`SandboxFailures`).
 
 What is guaranteed: the model never sees the tests (they are not in the working copy, and list_files and
 read_file see only the working copy), cannot edit them (they are copied in fresh after the episode), and
