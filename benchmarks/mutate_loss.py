@@ -1,6 +1,6 @@
 """Mutation audit of the policy and value losses: do the unit tests catch each plausible slip in their assembly?
 
-Each mutation is one exact text replacement in algo/objectives.py, algo/losses.py or algo/gae.py (it must match
+Each mutation is one exact text replacement in algo/objectives.py, algo/losses.py, algo/gae.py or algo/offpolicy.py (it must match
 exactly once). For each, a fresh copy of src/keelrl gets the patch and the loss tests run against it
 (PYTHONPATH at the copy). Prints JSON, one entry per mutation with `caught`; exits 1 if any mutation
 survives or the unpatched tests fail. About a minute on one core. MUTATE_TESTS="a.py b.py" picks
@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = os.environ.get(
     "MUTATE_TESTS",
     "tests/unit/test_objectives.py tests/unit/test_objectives_beyond_ppo.py tests/unit/test_losses.py "
-    "tests/unit/test_trl_oracle.py tests/unit/test_gae.py",
+    "tests/unit/test_trl_oracle.py tests/unit/test_gae.py tests/unit/test_offpolicy.py",
 ).split()
-OBJ, LOSSES, GAE = "algo/objectives.py", "algo/losses.py", "algo/gae.py"
+OBJ, LOSSES, GAE, OFF = "algo/objectives.py", "algo/losses.py", "algo/gae.py", "algo/offpolicy.py"
 
 # name -> (file under src/keelrl, exact text, replacement)
 MUTATIONS: dict[str, tuple[str, str, str]] = {
@@ -121,16 +121,22 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
         "return (x - mean) / (var**0.5 + 1e-8) * mask",
         "return (x - mean) * mask",
     ),
-    "is_mask_keeps_the_outside": (
-        LOSSES,
-        "return ((ratio >= low) & (ratio <= high))",
-        "return ~((ratio >= low) & (ratio <= high))",
+    "tis_cap_ignored": (OFF, "torch.exp(log_rho).clamp_max(algo.is_cap)", "torch.exp(log_rho)"),
+    "mis_keeps_the_outside": (
+        OFF,
+        "rho * ((rho >= low) & (rho <= high))",
+        "rho * ~((rho >= low) & (rho <= high))",
     ),
-    "is_mask_sequence_uses_the_product": (
-        LOSSES,
-        "ratio = torch.exp(sequence_log_ratio(old, sampler, mask).clamp",
-        "ratio = torch.exp((sequence_log_ratio(old, sampler, mask) * mask.sum(1)).clamp",
+    "mis_without_the_ratio": (OFF, "return rho * ((rho >= low)", "return 1.0 * ((rho >= low)"),
+    "decoupled_weight_inverted": (OFF, "    return torch.exp(log_rho)\n", "    return torch.exp(-log_rho)\n"),
+    "behaviour_ratio_inverted": (OFF, "log_rho = prox - behav", "log_rho = behav - prox"),
+    "sequence_level_uses_the_product": (
+        OFF,
+        "sequence_log_ratio(prox, behav, mask)[:, None]",
+        "(sequence_log_ratio(prox, behav, mask) * mask.sum(1))[:, None]",
     ),
+    "weights_leak_off_the_mask": (OFF, "algo).detach() * mask, log_rho", "algo).detach(), log_rho"),
+    "ess_without_n": (OFF, '(n * sums["sum_sq"])', 'sums["sum_sq"]'),
 }
 
 

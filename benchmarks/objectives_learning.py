@@ -1,5 +1,5 @@
 """Do the objectives learn? The demo's RL stage (Countdown, tiny model pretrained by `keelrl demo`'s recipe) with
-each `algo.objective`, per seed: held-out accuracy (greedy, 500 problems) of the base and of the final model,
+each `algo.objective` (or an asynchronous variant: `async_k*`, rollout.max_staleness), per seed: held-out accuracy (greedy, 500 problems) of the base and of the final model,
 the paired change with its 95% interval, and the first RL step whose held-out eval (200 problems, every 20
 steps) is 20 points above the step-0 eval. Prints JSON (and writes it to --json).
 
@@ -10,6 +10,8 @@ stale and the objectives differ (on-policy they have the same gradient, tests/un
 the guards stop is recorded as stopped, with its evals so far.
 
     python benchmarks/objectives_learning.py --seeds 0 1 2 --out /tmp/objectives --json docs/objectives_learning.json
+    python benchmarks/objectives_learning.py --objectives ppo_clip async_k1 async_k2 --minibatches 1 --lr 3e-4 \
+        --out /tmp/asyncl --json docs/async_learning.json   # the demo's RL stage as it is, k = 0, 1, 2
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 
-# what each name in --objectives sets in [algo] (besides minibatches and lr)
+# what each name in --objectives sets: [algo] fields (besides minibatches and lr), and "rollout" ones
 VARIANTS: dict[str, dict[str, Any]] = {
     "ppo_clip": {"objective": "ppo_clip"},
     "gspo": {"objective": "gspo"},
@@ -31,6 +33,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # PPO with a learned critic, TinyZero's gamma = lam = 1; the value head starts at zero, so a higher critic
     # lr than TinyZero's 1e-5 (set for a 3B critic) lets it learn within 100 steps
     "critic_ppo": {"objective": "ppo_clip", "advantage": "gae", "gamma": 1.0, "lam": 1.0, "critic_lr": 1e-3},
+    # asynchronous: the batch of step t sampled by version t - k, with the default correction (tis, C = 2) ...
+    "async_k1": {"objective": "ppo_clip", "rollout": {"max_staleness": 1}},
+    "async_k2": {"objective": "ppo_clip", "rollout": {"max_staleness": 2}},
+    # ... and at a large k with the correction on and off: what goes wrong, and do the guards name it?
+    "async_k8": {"objective": "ppo_clip", "rollout": {"max_staleness": 8}},
+    "async_k8_off": {"objective": "ppo_clip", "correction": "off", "rollout": {"max_staleness": 8}},
 }
 
 
@@ -84,7 +92,9 @@ def one_run(
 
     plan = DemoPlan.for_minutes(12.0)
     rl = demo_rl_config(str(base), DEMO_TASK_PARAMS, plan.rl_steps, plan.eval_every, seed)
-    rl["algo"].update(**VARIANTS[objective], minibatches=minibatches, lr=lr)
+    variant = dict(VARIANTS[objective])
+    rl["rollout"].update(variant.pop("rollout", {}))
+    rl["algo"].update(**variant, minibatches=minibatches, lr=lr)
     rl["log"]["progress"] = False
     run_dir = out / f"seed{seed}" / objective
     t0 = time.time()
@@ -108,9 +118,12 @@ def one_run(
             change_ci95=diff["ci"],
             verdict=diff["verdict"],
         )
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    findings = [e for e in events if e["kind"] in ("guard", "skip", "rollback", "guard_stop")]
     return {
         **result,
         "evals": evals,
+        "guard_findings": sorted({f"{e['kind']}:{e.get('rule', '')}" for e in findings}),
         "steps_to_plus_20": reached,
         "skipped_updates": int(sum(m.get("guard/skipped_updates", 0.0) for m in metrics)),
         "weights_sha256": summary["weights_sha256"],

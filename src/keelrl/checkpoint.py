@@ -120,6 +120,8 @@ def snapshot(
         "scheduler": train_state.scheduler.state_dict(),
         "rng": capture_rng(),
     }
+    if train_state.pipeline:
+        trainer["pipeline"] = train_state.pipeline  # plain data: token ids, log-probs, problems
     if train_state.critic is not None and train_state.critic_optimizer is not None:
         trainer["critic"] = {
             "weights": _cpu_copy(train_state.critic.state_dict()),
@@ -341,6 +343,7 @@ def _restore_rest(path: Path, train_state: TrainState, trainer: dict[str, Any]) 
         train_state.critic_optimizer.load_state_dict(trainer["critic"]["optimizer"])
     train_state.scheduler.load_state_dict(trainer["scheduler"])
     restore_rng(trainer["rng"])
+    train_state.pipeline = list(trainer.get("pipeline", []))
     state = read_state(path)
     train_state.load_counters(state)
     return state

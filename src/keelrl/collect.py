@@ -14,34 +14,79 @@ import torch
 from keelrl.curriculum import GroupOutcome, fill_batch, has_signal, refill_budget_prompts, task_metrics
 from keelrl.distributed import all_gather_list, all_reduce_sum
 from keelrl.monitor.traces import is_repetitive
+from keelrl.rollout.pipeline import staleness_metrics
 from keelrl.rollout import Rollout
 from keelrl.rollout.episodes import Episode, generate, score
 from keelrl.rollout.types import is_truncated
-from keelrl.run import Run
+from keelrl.rollout.weights import untied_state_dict
+from keelrl.run import ResumeError, Run
 from keelrl.seeds import stable_hash
 from keelrl.state import TrainState
+from keelrl.supervisor import pulse
 from keelrl.tasks.base import score_safely
 from keelrl.tasks.env import EPISODE_ENDS
 
 
-def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int = 0) -> list[Rollout]:
-    """Draw `n` prompts (default: the step's; the same list on all ranks) and generate group_size completions
-    for each prompt of this rank's shard. `attempt` > 0: a dynamic-sampling refill (fresh seeds)."""
+def draw_episodes(
+    run: Run, state: TrainState, step: int, n: int | None = None, attempt: int = 0
+) -> list[Episode]:
+    """Draw `n` prompts for `step` (default: a step's; the same list on all ranks) and this rank's shard of
+    their episodes, group_size per prompt. `attempt` > 0: a dynamic-sampling refill (fresh seeds)."""
     cfg, world = run.cfg, run.world
     problems = run.source.next_problems(cfg.prompts_per_step if n is None else n)
     per_rank = len(problems) // world.world_size
     mine = list(enumerate(problems))[world.rank * per_rank : (world.rank + 1) * per_rank]
     G, refill = cfg.rollout.group_size, ("refill", attempt) if attempt else ()
-    seed = functools.partial(
-        stable_hash, "sample", cfg.train.seed, state.step, state.guards.get("rollbacks", 0)
-    )
-    episodes = [
+    seed = functools.partial(stable_hash, "sample", cfg.train.seed, step, state.guards.get("rollbacks", 0))
+    return [
         Episode(i, problem, group, seed(group * G + k, *refill))
         for group, (i, problem) in mine
         for k in range(G)
     ]
+
+
+def sample_phase(run: Run, state: TrainState, n: int | None = None, attempt: int = 0) -> list[Rollout]:
+    """Sample this step's episodes (`draw_episodes`) with the current policy, in this process's sampler."""
+    episodes = draw_episodes(run, state, state.step, n, attempt)
     run.faults.before_sampling(state.step + 1, run.sampler)
     return generate(run.sampler, run.prompter, episodes, run.settings)
+
+
+def next_batch(run: Run, state: TrainState) -> tuple[list[Rollout], dict[str, float]]:
+    """This step's rollouts: sampled now (synchronous), or taken from the asynchronous pipeline, sampled by
+    version step - max_staleness (rollout/pipeline.py); with the async/* metrics then."""
+    if run.pipeline is None:
+        return sample_phase(run, state), {}
+    run.faults.before_sampling(state.step + 1, run.pipeline.sampler)
+    rollouts, metrics = run.pipeline.take(state.step, on_wait=pulse)
+    metrics.update(staleness_metrics(rollouts, state.policy_version, lambda x: all_gather_list(x, run.world)))
+    return rollouts, metrics
+
+
+def fill_pipeline(run: Run, state: TrainState) -> None:
+    """Keep the pipeline max_staleness + 1 batches ahead of the step: push the current weights when the sampler
+    lacks them, then submit the batches of steps up to state.step + max_staleness (rollout/pipeline.py's schedule)."""
+    pipe = run.pipeline
+    if pipe is None:
+        return
+    if pipe.pushed_version != state.policy_version:
+        pipe.push(untied_state_dict(run.whole_policy(state)).items(), state.policy_version)
+    for step in range(pipe.next_step, state.step + pipe.staleness + 1):
+        pipe.submit(step, draw_episodes(run, state, step))
+
+
+def restore_pipeline(run: Run, state: TrainState) -> None:
+    """Asynchronous runs: put back the batches the checkpoint holds for this rank (none when starting), then
+    fill the pipeline up to its schedule (rollout/pipeline.py)."""
+    assert run.pipeline is not None
+    if state.pipeline:
+        if len(state.pipeline) != run.world.world_size:
+            raise ResumeError(
+                f"the checkpoint holds the asynchronous pipeline of {len(state.pipeline)} ranks; this run has "
+                f"{run.world.world_size}. Resume with the same number of processes."
+            )
+        run.pipeline.restore(state.pipeline[run.world.rank], state.step)
+    fill_pipeline(run, state)
 
 
 def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> int:
@@ -62,7 +107,8 @@ def pool_metrics(run: Run, state: TrainState) -> dict[str, float]:
     """With Ray actor pools or an engine process: an event for workers replaced since the last call (in this
     step's scoring, generation, refills or the eval before it), and their count since this process started."""
     out: dict[str, float] = {}
-    for name, pool in (("scorer", run.scorer), ("sampler", run.sampler)):
+    async_sampler = run.pipeline.sampler if run.pipeline is not None else None
+    for name, pool in (("scorer", run.scorer), ("sampler", run.sampler), ("sampler", async_sampler)):
         # the pool or engine itself (a vLLM engine; a pool of vLLM actors also counts engine restarts in
         # them), else a Ray pool's ActorPool
         actors = pool if hasattr(pool, "take_replaced") else getattr(pool, "actors", None)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from keelrl.algo.config import AlgoConfig as AlgoConfig  # re-exported: its home is algo/config.py
-from keelrl.config_checks import check_batch_arithmetic, check_engine
+from keelrl.config_checks import check_batch_arithmetic, check_engine, check_off_policy
 from keelrl.config_load import ConfigError as ConfigError  # re-exported: the error callers catch
 from keelrl.config_load import apply_overrides, read_toml, validate
 from keelrl.guards.rules import GuardsConfig
@@ -129,6 +129,16 @@ class RolloutConfig(Section):
     top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens when sampling (0 = off).")
     chunk_size: int = Field(
         0, ge=0, description="Sequences generated together (memory bound); 0 means the whole batch."
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Asynchronous training: the batch of step t is sampled by policy version t - k exactly (k = this; "
+        "versions below 0 are 0), in another process, while the trainer updates (keelrl/rollout/pipeline.py). 0: the "
+        "synchronous loop. The loss corrects for the gap with algo.correction.",
+    )
+    sampler_threads: int = Field(
+        1, ge=1, description="max_staleness >= 1 with the hf engine: torch threads of the sampling process."
     )
 
 
@@ -510,6 +520,7 @@ class Config(Section):
     def _consistent(self) -> Config:
         check_batch_arithmetic(self, world_size=1)
         check_engine(self)
+        check_off_policy(self)
         return self
 
     @property

@@ -56,3 +56,29 @@ def check_engine(cfg: Config) -> None:
             "the trainer's by ~0.03 nats per token, too much for the PPO ratio's denominator. Set "
             "algo.old_logprobs = 'recompute' (or vllm.dtype = 'float32')."
         )
+
+
+def check_off_policy(cfg: Config) -> None:
+    """Raise ValueError when asynchronous sampling (`rollout.max_staleness`) or an off-policy correction is asked
+    for where it cannot work."""
+    r, a = cfg.rollout, cfg.algo
+    if r.max_staleness == 0:
+        if "correction" in a.model_fields_set and a.correction != "off" and a.old_logprobs == "sampler":
+            raise ValueError(
+                f"algo.correction = '{a.correction}' has nothing to correct: with algo.old_logprobs = 'sampler' and "
+                "rollout.max_staleness = 0 the sampler's log-probs are the proximal policy's (rho = 1). Set "
+                "algo.old_logprobs = 'recompute' to correct for a sampler whose numerics differ."
+            )
+        return
+    k = r.max_staleness
+    if cfg.curriculum.dynamic_sampling:
+        raise ValueError(
+            f"rollout.max_staleness = {k} with curriculum.dynamic_sampling: refills are sampled during the step, by "
+            "the current policy, so the batch would mix versions. Turn one of them off."
+        )
+    if r.engine == "vllm":
+        raise ValueError(
+            f"rollout.max_staleness = {k} with rollout.engine = 'vllm' is not supported yet: the asynchronous sampler "
+            "is a transformers process of its own (or, with distributed.sampler = 'ray', transformers actors). Use "
+            "rollout.engine = 'hf'."
+        )

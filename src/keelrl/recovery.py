@@ -21,13 +21,15 @@ from typing import Any
 from torch.distributed.checkpoint import CheckpointException
 
 from keelrl import checkpoint as ckpt
+from keelrl.collect import restore_pipeline
 from keelrl.config import config_to_dict
-from keelrl.distributed import broadcast_object, is_sharded, save_sharded
+from keelrl.distributed import all_gather_list, broadcast_object, is_sharded, save_sharded
 from keelrl.guards.base import Finding
 from keelrl.guards.engine import Guardian
 from keelrl.models import model_summary, save_hf_dir
 from keelrl.run import CheckpointStop, GuardStop, Run
 from keelrl.state import TrainState
+from keelrl.supervisor import pulse
 from keelrl.weight_sync import sync_sampler
 
 
@@ -37,6 +39,8 @@ def save_checkpoint(
     """Snapshot `state` and commit it (see the module docstring). A sharded policy's ranks first write their
     shards (synchronously) into the directory that becomes the checkpoint."""
     t0 = time.perf_counter()
+    if run.pipeline is not None:  # every rank: its batches sampled ahead, gathered for rank 0 to write
+        state.pipeline = all_gather_list([run.pipeline.drain(pulse)], run.world)
     optimizer_state, staged = None, None
     if is_sharded(state.policy):
         staged = run.on_writer(lambda: ckpt.stage_dir(run.run_dir.checkpoints, state.step))
@@ -257,6 +261,8 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
     run.run_dir.truncate_after(state.step)
     run.live.history = [r for r in run.live.history if int(r.get("step", -1)) <= state.step]
     sync_sampler(run, state, state.step)
+    if run.pipeline is not None:
+        restore_pipeline(run, state)  # the checkpoint's batches, then the schedule from there
     run.event(
         "rollback",
         from_step,

@@ -28,6 +28,7 @@ from keelrl.guards.engine import Guardian
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.run_lock import RunLock
 from keelrl.monitor.sinks import ConsoleSink, Sink
+from keelrl.rollout.pipeline import Pipeline
 from keelrl.rollout import Sampler, SamplingSettings
 from keelrl.rollout.episodes import Prompter
 from keelrl.state import TrainState
@@ -95,6 +96,7 @@ class Run:
     saver: ckpt.AsyncCheckpointer | None
     lock: RunLock | None = None  # the run directory's lock, when this process holds it (no supervisor)
     scorer: Any = None  # Ray actors scoring rewards (distributed.scorer = "ray"), else None
+    pipeline: Pipeline | None = None  # rollout.max_staleness >= 1: batches sampled ahead in another process
     console: ConsoleSink | None = None
     sinks: list[Sink] = field(default_factory=list)
     started: float = field(default_factory=time.time)

@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from keelrl import checkpoint as ckpt
+from keelrl.collect import restore_pipeline
 from keelrl.config import Config, config_to_dict
 from keelrl.config_checks import check_batch_arithmetic
 from keelrl.critic import build_critic
@@ -28,7 +29,8 @@ from keelrl.models import compile_decoder, load_policy
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.run_lock import RunLock, RunLockedError, hold
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
-from keelrl.rollout import SamplingSettings, make_sampler, resolve_template
+from keelrl.rollout.pipeline import Pipeline
+from keelrl.rollout import SAMPLERS, SamplingSettings, make_async_sampler, make_sampler, resolve_template
 from keelrl.rollout.episodes import Prompter
 from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus
 from keelrl.run import Live, ResumeError, Run
@@ -175,7 +177,21 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
                     on_progress=pulse,
                 )
             )
-        engines.append(make_sampler(cfg, sampler_model, tokenizer, on_progress=pulse))
+        pipeline = None
+        settings = SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
+        if r.max_staleness:  # sampling runs in another process; evals keep sampling the current policy here
+            pipeline = Pipeline(
+                make_async_sampler(cfg, sampler_model, tokenizer),
+                Prompter(
+                    task, copy.deepcopy(tokenizer), template, cfg.episode
+                ),  # its own: used on its thread
+                settings,
+                r.max_staleness,
+            )
+            engines.append(pipeline)
+            engines.append(SAMPLERS["hf"](cfg, sampler_model, tokenizer, pulse))
+        else:
+            engines.append(make_sampler(cfg, sampler_model, tokenizer, on_progress=pulse))
         run = Run(
             cfg=cfg,
             world=world,
@@ -186,7 +202,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             source=source,
             sampler=engines[-1],
             scorer=engines[0] if d.scorer == "ray" else None,
-            settings=SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
+            settings=settings,
             eval_settings=SamplingSettings(
                 cfg.eval.max_new_tokens or r.max_new_tokens, cfg.eval.temperature, 1.0, 0
             ),
@@ -210,8 +226,11 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             saver=ckpt.AsyncCheckpointer(lambda *result: live.save_results.put(result))
             if c.async_save
             else None,
+            pipeline=pipeline,
         )
         sync_sampler(run, state, state.step)
+        if pipeline is not None:
+            restore_pipeline(run, state)
         run.ckpt_policy.observe_failures(*observed_failures(run_dir))
         if world.is_writer:
             run_dir.write_config(config_dict)

@@ -31,6 +31,9 @@ class TrainState:
     last_eval: dict[str, float] = field(default_factory=dict)  # metrics of the newest held-out eval
     guards: dict[str, Any] = field(default_factory=dict)  # guard/divergence-rule state
     curriculum: dict[str, Any] = field(default_factory=dict)  # problem source state: data cursor, pass rates
+    # rollout.max_staleness >= 1: per rank, the batches submitted ahead, sampled (rollout/pipeline.py); saved in
+    # trainer_state.pt
+    pipeline: list[list[dict[str, Any]]] = field(default_factory=list)
 
     def counters(self) -> dict[str, Any]:
         """The JSON part of the state (the tensors are saved separately)."""

@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from keelrl import checkpoint as ckpt
-from keelrl.collect import curriculum_phase, pool_metrics, rollout_metrics, sample_phase, score_phase
+from keelrl.collect import (
+    curriculum_phase,
+    fill_pipeline,
+    next_batch,
+    pool_metrics,
+    rollout_metrics,
+    score_phase,
+)
 from keelrl.config import Config
 from keelrl.distributed import all_reduce_sum, broadcast_object, close_world
 from keelrl.evaluate import run_eval, score_errors, summarize
@@ -109,7 +116,7 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             signal.signal(signal.SIGTERM, previous_handler)
         for sink in run.sinks:
             sink.close()
-        shutdown_engines([run.scorer, run.sampler])
+        shutdown_engines([run.scorer, run.sampler, run.pipeline])
         run.train_module = None  # DDP holds the process group: release it before leaving the group
         close_world()
         if run.lock is not None:
@@ -118,10 +125,11 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
 
 
 def train_step(run: Run, state: TrainState) -> dict[str, float]:
-    """One RL step: sample -> score -> refill -> advantages -> update. Returns the step's metrics."""
+    """One RL step: sample (or take the pipeline's batch) -> score -> refill -> advantages -> update. Returns the
+    step's metrics."""
     t0 = time.perf_counter()
     run.heartbeat.beat(phase="sample")
-    rollouts = sample_phase(run, state)
+    rollouts, async_metrics = next_batch(run, state)
     t1 = time.perf_counter()
     run.heartbeat.beat(phase="score")
     errors = score_phase(run, state, rollouts)
@@ -137,8 +145,10 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     advantage_metrics, advantage_abs_mean = advantage_phase(run, state, rollouts, batch)
     metrics.update(advantage_metrics)
     metrics.update(update_phase(run, state, batch, advantage_abs_mean))
+    metrics.update(async_metrics)
     t3 = time.perf_counter()
     state.step += 1
+    fill_pipeline(run, state)  # asynchronous: push the new version, submit the batch it samples
     state.curriculum = run.source.state_dict()
     metrics["guard/skipped_steps"] = float(state.guards.get("skipped_steps", 0))
     metrics.update(run.ckpt_policy.behind(state.step))  # only once a checkpoint save has failed

@@ -16,8 +16,9 @@ from transformers import PreTrainedModel
 
 from keelrl.algo.advantages import compute_advantages
 from keelrl.algo.logprobs import Autocast, LogprobModule, autocast_context
-from keelrl.algo.losses import masked_is_weights, token_weights, truncated_is_weights
+from keelrl.algo.losses import token_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
+from keelrl.algo.offpolicy import behaviour_metrics, behaviour_sums, correction_weights
 from keelrl.config import AlgoConfig
 from keelrl.critic import ValueModel, critic_advantages, critic_backward
 from keelrl.distributed import (
@@ -75,7 +76,7 @@ class TrainBatch:
     lengths: torch.Tensor  # [B]
     old_logprobs: torch.Tensor | None = None  # [B, T] pi_old for the PPO ratio
     ref_logprobs: torch.Tensor | None = None  # [B, T] reference policy, when KL is on
-    is_weights: torch.Tensor | None = None  # [B, T] importance correction (TIS weights x IS masks), when on
+    is_weights: torch.Tensor | None = None  # [B, T] the off-policy correction's weights (algo/offpolicy.py)
     returns: torch.Tensor | None = None  # [B, T] the critic's targets (gae)
     old_values: torch.Tensor | None = None  # [B, T] the critic's values when the batch was scored (gae)
 
@@ -175,7 +176,8 @@ def forward_logprobs(
 def prepare_batch(
     run: Run, state: TrainState, rollouts: list[Rollout]
 ) -> tuple[TrainBatch, dict[str, float]]:
-    """Collate; attach old-policy, reference and IS-weight log-probs; measure mismatch/* when recomputing."""
+    """Collate; attach old-policy (proximal), reference log-probs and the off-policy correction's weights;
+    measure mismatch/* and behaviour/* when the proximal policy is recomputed (algo/offpolicy.py)."""
     cfg, a, world = run.cfg, run.cfg.algo, run.world
     batch = collate(rollouts, run.tokenizer.pad_token_id or 0, world.device)
     temp, mbs = run.settings.temperature, cfg.train.micro_batch_size
@@ -184,21 +186,24 @@ def prepare_batch(
     share, autocast = run.update_share_prefix, cfg.train.autocast
     if state.ref_policy is not None:
         batch.ref_logprobs = forward_logprobs(state.ref_policy, batch, mbs, temp, share, autocast)
-    if a.old_logprobs == "recompute" or a.tis_cap > 0 or a.is_mask != "off":
+    if a.old_logprobs == "recompute" or cfg.rollout.max_staleness > 0:
         assert run.train_module is not None  # set by setup for every world size
         batch.old_logprobs = forward_logprobs(run.train_module, batch, mbs, temp, share, autocast)
         metrics.update(mismatch_metrics(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, world))
+        weights, log_rho = correction_weights(
+            batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, a
+        )
+        if a.correction != "off":
+            batch.is_weights = weights
+        sums = behaviour_sums(log_rho, weights, batch.target_mask, a.correction_level)
+        largest = float(torch.exp(log_rho.masked_fill(batch.target_mask == 0, -20.0).max()))
+        metrics.update(
+            behaviour_metrics(
+                {k: all_reduce_sum(v, world) for k, v in sums.items()}, max(all_gather_list([largest], world))
+            )
+        )
     else:
         batch.old_logprobs = batch.sampler_logprobs
-    if a.tis_cap > 0:
-        batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.sampler_logprobs, a.tis_cap)
-    if a.is_mask != "off":
-        keep = masked_is_weights(
-            batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, a.is_mask, *a.is_mask_band
-        )
-        dropped = all_reduce_sum(float(((1.0 - keep) * batch.target_mask).sum()), world)
-        metrics["is_mask/dropped"] = dropped / max(all_reduce_sum(float(batch.target_mask.sum()), world), 1.0)
-        batch.is_weights = keep if batch.is_weights is None else batch.is_weights * keep
     return batch, metrics
 
 

@@ -22,8 +22,8 @@ def _metrics(run: Path) -> list[dict]:
         ['algo.objective="gspo"', "algo.seq_clip_low=0.05", "algo.seq_clip_high=0.05"],
         ['algo.objective="gspo_token"'],
         ['algo.objective="cispo"', "algo.cispo_max=1.05"],
-        ['algo.is_mask="token"', "algo.is_mask_low=0.999999", "algo.is_mask_high=1.000001"],
-        ['algo.is_mask="sequence"', 'train.autocast="bf16"', "model.fp32_head=true"],
+        ['algo.correction="mis"', 'algo.old_logprobs="recompute"', "algo.is_mask_low=0.999999", "algo.is_mask_high=1.000001"],
+        ['algo.correction="mis"', 'algo.old_logprobs="recompute"', 'algo.correction_level="sequence"', 'train.autocast="bf16"', "model.fp32_head=true"],
     ],
     ids=["gspo", "gspo_token", "cispo", "token_mask", "sequence_mask_bf16_fp32_head"],
 )
@@ -41,8 +41,9 @@ def test_objectives_and_corrections_train(format_run: list[str], tmp_path: Path,
             assert "clipfrac/dual" not in m and "clipfrac/high" in m
     if "cispo" in extra[0]:  # the second mini-batch is stale: some weights reach the 1.05 cap
         assert any(m["clipfrac/high"] > 0 for m in metrics)
-    if "algo.is_mask" in extra[0]:
+    if "mis" in extra[0]:
         # the mask path ran (old log-probs recomputed, mismatch measured); keelrl's own sampler agrees with the
         # trainer to ~1e-6 in fp32 and ~1e-3 in bf16, so even a band of 1e-6 drops (almost) nothing. Dropping
-        # itself: tests/unit/test_objectives_beyond_ppo.py.
-        assert all(0.0 <= m["is_mask/dropped"] < 0.05 and m["mismatch/max_abs"] < 1e-2 for m in metrics)
+        # itself: tests/unit/test_offpolicy.py.
+        assert all(0.0 <= m["behaviour/cut_frac"] < 0.05 and m["mismatch/max_abs"] < 1e-2 for m in metrics)
+        assert all(m["behaviour/ess"] > 0.99 for m in metrics)

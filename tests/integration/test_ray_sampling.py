@@ -68,6 +68,26 @@ def test_training_with_ray_sampler_matches_local(format_run: list[str], tmp_path
     assert ray_sha == local_sha
 
 
+@pytest.mark.slow  # 40 s: a sampling process, then a Ray actor pool
+def test_asynchronous_training_on_ray_actors_matches_the_sampling_process(
+    format_run: list[str], tmp_path: Path
+) -> None:
+    """rollout.max_staleness = 1: the pipeline's sampler is the Ray pool instead of a child process; with
+    rollout.chunk_size > 0 both generate bit-identically, so the runs end with the same weights."""
+    common = [
+        *format_run, "rollout.chunk_size=8", "rollout.max_staleness=1", "train.steps=3", "eval.at_start=false",
+        "eval.every_steps=0", "supervisor.enabled=false",
+    ]  # fmt: skip
+    shas = {}
+    for name, pools in {"process": [], "ray": ['distributed.sampler="ray"']}.items():
+        shas[name] = train(load_config("configs/smoke.toml", [*common, *pools]), tmp_path / name)[
+            "weights_sha256"
+        ]
+        assert [m["async/staleness_max"] for m in _metrics(tmp_path / name)] == [0.0, 1.0, 1.0]
+    assert "sampler/replaced_workers" in _metrics(tmp_path / "ray")[-1]
+    assert shas["ray"] == shas["process"]
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)

@@ -112,6 +112,23 @@ def test_two_processes_equal_one(
         _assert_sharded_checkpoints(tmp_path / "multi")
 
 
+@pytest.mark.slow  # 90 s: four processes on two cores
+def test_two_processes_equal_one_asynchronously(
+    format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    """rollout.max_staleness = 1 under torchrun: each rank's pipeline samples its shard in a process of its own;
+    the update equals one process's. A 2-rank run stopped at step 2 and continued to 4 (its checkpoint holds
+    both ranks' queued batches) ends bit-identical to the uninterrupted 2-rank run."""
+    k1 = "rollout.max_staleness=1"
+    _run(_argv(tmp_path / "single", format_run, k1))
+    _run(_argv(tmp_path / "multi", format_run, k1, nproc=2))
+    _assert_same_update(tmp_path / "single", tmp_path / "multi", initial)
+    assert [m["async/staleness_max"] for m in _metrics(tmp_path / "multi")[1:]] == [0.0, 1.0, 1.0, 1.0]
+    _run(_argv(tmp_path / "resumed", format_run, k1, "train.steps=2", nproc=2))
+    _run(_argv(tmp_path / "resumed", format_run, k1, nproc=2))
+    assert _max_diff(_weights(tmp_path / "resumed"), _weights(tmp_path / "multi")) == 0.0
+
+
 def _assert_sharded_checkpoints(run: Path) -> None:
     """An FSDP2 run's checkpoints hold each rank's shards (torch.distributed.checkpoint), covered by the
     manifest like every other file, next to an HF copy of the whole weights; a damaged shard is caught."""

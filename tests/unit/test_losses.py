@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from keelrl.algo.losses import kl_penalty, ppo_clip_loss, token_weights, truncated_is_weights
+from keelrl.algo.losses import kl_penalty, ppo_clip_loss, token_weights
 
 
 def _loss(ratio: float, adv: float, lo: float = 0.2, hi: float = 0.28, dual: float = 0.0):
@@ -57,8 +57,3 @@ def test_token_weights_worked_numbers() -> None:
     assert torch.allclose(w, torch.tensor([[0.25, 0.25, 0.0], [0.5, 0.0, 0.0]]))
     w = token_weights(mask, "constant", global_tokens=3, global_seqs=2, max_new_tokens=4)
     assert torch.allclose(w, mask / 8)
-
-
-def test_truncated_is_weights() -> None:
-    w = truncated_is_weights(torch.tensor([0.0, 0.0]), torch.tensor([math.log(0.25), 0.0]), cap=2.0)
-    assert torch.allclose(w, torch.tensor([2.0, 1.0]))  # ratio 4 truncated to 2

@@ -1,4 +1,4 @@
-"""GSPO, GSPO-token and CISPO as the update assembles them (compute_loss), and the importance masks, on
+"""GSPO, GSPO-token and CISPO as the update assembles them (compute_loss), on
 worked numbers written here. Convention as in test_objectives.py: old_logprobs = 0 and logprobs =
 log(ratio), so a token's ratio is the number written."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from keelrl.algo import get_objective
-from keelrl.algo.losses import masked_is_weights, sequence_log_ratio, token_weights
+from keelrl.algo.losses import sequence_log_ratio, token_weights
 from keelrl.algo.objectives import OBJECTIVES, LossInputs, compute_loss
 from keelrl.config import AlgoConfig, ConfigError, load_config
 
@@ -140,23 +140,10 @@ def test_sequence_log_ratio_is_the_log_of_the_geometric_mean() -> None:
     close(sequence_log_ratio(lp, torch.zeros(2, 3), mask).exp(), [S0, 0.5])
 
 
-def test_masked_importance_weights_token_and_sequence() -> None:
-    # pi_old / pi_sampler per token: row 0 [1.5, 2.5, 1.0], row 1 [0.9, 1.1] (+ padding of ratio 100)
-    old = torch.tensor([[1.5, 2.5, 1.0], [0.9, 1.1, 100.0]]).log()
-    sampler = torch.zeros(2, 3)
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    # token (IcePop), band [0.5, 2]: 2.5 is dropped
-    close(masked_is_weights(old, sampler, mask, "token", 0.5, 2.0), [[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
-    # sequence (geometric mean), band [0.95, 1.05]: row 0 (1.5 * 2.5 * 1)^(1/3) = 1.554 dropped whole;
-    # row 1 sqrt(0.99) = 0.995 kept whole (the padding's 100 is not in its mean)
-    close(masked_is_weights(old, sampler, mask, "sequence", 0.95, 1.05), [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
-    # a sampler that agrees with the trainer keeps everything
-    close(masked_is_weights(sampler, sampler, mask, "sequence", 0.999, 1.001), [[1.0] * 3] * 2)
-
-
-def test_is_mask_config_defaults_and_checks() -> None:
-    assert load_config(None, ['algo.is_mask="token"']).algo.is_mask_band == (0.5, 2.0)
-    seq = load_config(None, ['algo.is_mask="sequence"', "algo.is_mask_high=1.01"]).algo
+def test_mis_band_config_defaults_and_checks() -> None:
+    mis = ['algo.correction="mis"', 'algo.old_logprobs="recompute"']
+    assert load_config(None, mis).algo.is_mask_band == (0.5, 2.0)
+    seq = load_config(None, [*mis, 'algo.correction_level="sequence"', "algo.is_mask_high=1.01"]).algo
     assert seq.is_mask_band == (0.999, 1.01)
     with pytest.raises(ConfigError, match="must enclose 1"):
-        load_config(None, ['algo.is_mask="token"', "algo.is_mask_low=1.2"])
+        load_config(None, [*mis, "algo.is_mask_low=1.2"])

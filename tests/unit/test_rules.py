@@ -218,6 +218,27 @@ def test_mismatch_warning_and_critical() -> None:
     assert f.severity == "critical" and f.evidence["max_abs_logprob_gap"] == 12.0
 
 
+def test_mismatch_on_stale_batches_uses_the_stale_thresholds() -> None:
+    """A stale batch's gap includes the policy's movement: 0.03 is healthy at k >= 1 (healthy runs <= 0.025 in
+    5-step means), 0.3 is the collapsing run's level."""
+    h = set_from(healthy(40), 1, async__staleness_max=2.0)
+    assert not [f for f in check(set_from(h, 36, mismatch__kl=0.03)) if f.name == "mismatch"]
+    assert severity(set_from(h, 36, mismatch__kl=0.08), "mismatch") == "warning"
+    f = only(check(set_from(h, 36, mismatch__kl=0.3)), "mismatch")
+    assert f.severity == "critical" and f.evidence["staleness_max"] == 2.0 and "overshoot" in f.message
+
+
+def test_off_policy_ess_warning_critical_and_cause() -> None:
+    h = set_from(healthy(40), 1, behaviour__ess=0.95)
+    assert not [f for f in check(h) if f.name == "off_policy_ess"]
+    stale = set_from(set_from(h, 1, async__staleness_mean=2.0), 36, behaviour__ess=0.2)
+    f = only(check(stale), "off_policy_ess")
+    assert f.severity == "warning" and f.evidence["staleness"] == 2.0 and "max_staleness" in f.suggestion
+    f = only(check(set_from(h, 36, behaviour__ess=0.05)), "off_policy_ess")
+    assert f.severity == "critical" and "sampler's log-probs differ" in f.message
+    assert not [f for f in check(set_from(h, 38, behaviour__ess=0.05)) if f.name == "off_policy_ess"]  # 3 < 5
+
+
 def test_length_explosion_only_without_accuracy_gain() -> None:
     flat = set_from(healthy(60), 1, accuracy=0.3)
     h = set_from(flat, 41, response_length__mean=320.0)

@@ -15,7 +15,7 @@ Differences on purpose, each shown by a test below:
   property of the current policy. With it off they agree.
 - TRL's entropy bonus is a token mean; keelrl normalises it like the loss: the same under token_mean.
 - TRL's sequence-level importance correction (`vllm_importance_sampling_mode = "sequence_mask"`) bounds the
-  *product* of the token ratios; keelrl's `algo.is_mask = "sequence"` bounds their geometric mean (length-
+  *product* of the token ratios; keelrl's `algo.correction = "mis"` at sequence level bounds their geometric mean (length-
   independent bands, as veRL's "geometric" level): the same for one-token sequences only. TRL computes its mask
   inside generation, so here its output (the weights) is given to both and the test checks the assembly.
 """
@@ -29,7 +29,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from keelrl.algo.losses import masked_is_weights, token_weights
+from keelrl.algo.losses import token_weights
+from keelrl.algo.offpolicy import correction_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
 from keelrl.config import AlgoConfig
 
@@ -186,13 +187,16 @@ def test_entropy_bonus_matches_trl_under_token_mean() -> None:
 
 
 def test_importance_weights_enter_like_trls() -> None:
-    """keelrl's masked weights (token level) given to both as the sampler correction: the same loss."""
+    """keelrl's masked-IS weights (token level: rho inside [0.5, 2], else 0; TRL's token_mask) given to both as
+    the sampler correction: the same loss."""
     b = batch(5)
     sampler = b["old"] + 0.5 * torch.randn(B, T, generator=torch.Generator().manual_seed(7))
-    keep = masked_is_weights(b["old"], sampler, b["mask"], "token", 0.5, 2.0)
-    assert 0 < keep[b["mask"].bool()].sum() < b["mask"].sum()  # some tokens dropped, some kept
-    algo = AlgoConfig(objective="ppo_clip", clip_low=0.2, clip_high=0.28, loss_agg="token_mean")
-    agree(trl_loss(b, "dapo", isw=keep), keelrl_loss(b, algo, isw=keep))
+    algo = AlgoConfig(
+        objective="ppo_clip", clip_low=0.2, clip_high=0.28, loss_agg="token_mean", correction="mis"
+    )
+    w, _ = correction_weights(b["old"], sampler, b["mask"], algo)
+    assert 0 < (w[b["mask"].bool()] > 0).sum() < b["mask"].sum()  # some tokens dropped, some kept
+    agree(trl_loss(b, "dapo", isw=w), keelrl_loss(b, algo, isw=w))
 
 
 def test_sequence_mask_bounds_the_geometric_mean_where_trl_bounds_the_product() -> None:
@@ -200,8 +204,10 @@ def test_sequence_mask_bounds_the_geometric_mean_where_trl_bounds_the_product() 
     old = torch.zeros(1, 4)
     sampler = torch.full((1, 4), -math.log(1.2))
     mask = torch.ones(1, 4)
-    assert masked_is_weights(old, sampler, mask, "sequence", 0.5, 1.5).sum() == 4  # kept here
+    algo = AlgoConfig(correction="mis", correction_level="sequence", is_mask_low=0.5, is_mask_high=1.5)
+    assert (correction_weights(old, sampler, mask, algo)[0] > 0).sum() == 4  # kept here
     product = math.exp(float((old - sampler).sum()))
     assert not 0.5 <= product <= 1.5  # TRL's sequence_mask would drop it
     # one token: the two agree
-    assert masked_is_weights(old[:, :1], sampler[:, :1], mask[:, :1], "sequence", 0.5, 1.1).sum() == 0
+    narrow = algo.model_copy(update={"is_mask_high": 1.1})
+    assert correction_weights(old[:, :1], sampler[:, :1], mask[:, :1], narrow)[0].sum() == 0

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Default bands of algo.is_mask by level: a token ratio within [1/2, 2] (veRL's typical token threshold 2 and
+# Default bands of algo.correction = 'mis' by level: a token ratio within [1/2, 2] (veRL's typical token threshold 2 and
 # its reciprocal); a sequence's geometric-mean ratio within [0.999, 1.001] (veRL's geometric preset):
 # ../shared/REFERENCE.md, "Sampler/trainer mismatch".
 IS_MASK_BAND = {"token": (0.5, 2.0), "sequence": (0.999, 1.001)}
@@ -133,29 +133,38 @@ class AlgoConfig(BaseModel):
     old_logprobs: Literal["sampler", "recompute"] = Field(
         "sampler",
         description=(
-            "Old-policy log-probs for the PPO ratio: 'sampler' reuses the sampler's (exact for the CPU sampler, "
-            "saves a forward pass); 'recompute' runs the trainer over the batch before updating (use when sampler "
-            "and trainer numerics differ, e.g. vLLM)."
+            "Old-policy (proximal) log-probs for the PPO ratio: 'sampler' reuses the sampler's (exact for the CPU "
+            "sampler, saves a forward pass); 'recompute' runs the trainer over the batch before updating (use when "
+            "sampler and trainer numerics differ, e.g. vLLM), and algo.correction then corrects for the gap. "
+            "rollout.max_staleness >= 1 always recomputes (the sampler ran an older policy)."
         ),
     )
-    tis_cap: float = Field(
-        0.0,
-        ge=0.0,
-        description="Truncated importance sampling: weight tokens by min(pi_old/pi_sampler, cap) (0 = off).",
-    )
-    is_mask: Literal["off", "token", "sequence"] = Field(
-        "off",
+    correction: Literal["off", "decoupled", "tis", "mis"] = Field(
+        "tis",
         description=(
-            "Masked importance sampling against the sampler: 'token' drops tokens whose pi_old/pi_sampler leaves "
-            "[is_mask_low, is_mask_high] (IcePop), 'sequence' drops sequences whose geometric-mean ratio leaves it "
-            "(MIS). Dropped terms still count in the loss's denominators; turning it on recomputes the old log-probs."
+            "Off-policy correction (algo/offpolicy.py) for the gap between the policy that sampled a batch and the "
+            "one the update starts from, applied whenever that one is recomputed (old_logprobs = 'recompute', or "
+            "rollout.max_staleness >= 1): every choice clips against the recomputed (proximal) policy and weights "
+            "each token by rho = pi_prox / pi_sampler: decoupled (AReaL, w = rho), tis (w = min(rho, is_cap)), mis "
+            "(w = rho inside [is_mask_low, is_mask_high], else 0), off (w = 1: the gap is ignored)."
         ),
+    )
+    correction_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="Where rho is taken: per token, or each sequence's geometric-mean ratio on all its tokens.",
+    )
+    is_cap: float = Field(
+        2.0, gt=1.0, description="correction = 'tis': the cap C of min(rho, C) (the TIS post's C ~ 2)."
     )
     is_mask_low: float | None = Field(
-        None, gt=0.0, description="Lower bound of the kept ratios; default 0.5 (token), 0.999 (sequence)."
+        None,
+        gt=0.0,
+        description="correction = 'mis': lower bound of the kept ratios; default 0.5 (token), 0.999 (sequence).",
     )
     is_mask_high: float | None = Field(
-        None, gt=0.0, description="Upper bound of the kept ratios; default 2.0 (token), 1.001 (sequence)."
+        None,
+        gt=0.0,
+        description="correction = 'mis': upper bound of the kept ratios; default 2.0 (token), 1.001 (sequence).",
     )
 
     @field_validator("dual_clip")
@@ -170,7 +179,7 @@ class AlgoConfig(BaseModel):
 
     @model_validator(mode="after")
     def _is_mask_band(self) -> AlgoConfig:
-        if self.is_mask != "off":
+        if self.correction == "mis":
             low, high = self.is_mask_band
             if not low < 1.0 < high:
                 raise ValueError(
@@ -181,8 +190,8 @@ class AlgoConfig(BaseModel):
 
     @property
     def is_mask_band(self) -> tuple[float, float]:
-        """(low, high) of algo.is_mask: the set bounds, else the level's defaults (`IS_MASK_BAND`)."""
-        low, high = IS_MASK_BAND.get(self.is_mask, (0.0, float("inf")))
+        """(low, high) of the mis band: the set bounds, else the level's defaults (`IS_MASK_BAND`)."""
+        low, high = IS_MASK_BAND[self.correction_level]
         return (
             self.is_mask_low if self.is_mask_low is not None else low,
             self.is_mask_high if self.is_mask_high is not None else high,

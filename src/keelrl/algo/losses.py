@@ -13,7 +13,6 @@ from typing import Literal
 import torch
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "constant"]
-ISMask = Literal["off", "token", "sequence"]
 KLEstimator = Literal["k1", "k2", "k3"]
 
 
@@ -81,14 +80,6 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KL
     raise ValueError(f"unknown KL estimator {estimator!r}")
 
 
-def truncated_is_weights(
-    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """min(pi_old / pi_sampler, cap) per token, without gradient: corrects for a sampler whose numerics
-    differ from the trainer's (truncated importance sampling)."""
-    return torch.exp((old_logprobs - sampler_logprobs).clamp(-20.0, 20.0)).clamp_max(cap).detach()
-
-
 def sequence_log_ratio(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
@@ -96,27 +87,3 @@ def sequence_log_ratio(
     ratio (GSPO's length-normalised ratio); 0 for a sequence without trainable tokens. Differentiable."""
     n = mask.sum(dim=1).clamp_min(1.0)  # [B]
     return ((logprobs - old_logprobs) * mask).sum(dim=1) / n
-
-
-def masked_is_weights(
-    old_logprobs: torch.Tensor,
-    sampler_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    level: ISMask,
-    low: float,
-    high: float,
-) -> torch.Tensor:
-    """[B, T] 1 = kept, 0 = dropped, without gradient. "token" (IcePop): a token whose pi_old / pi_sampler leaves
-    [low, high] is dropped; "sequence" (masked IS): a sequence whose geometric-mean ratio over its trainable
-    tokens leaves [low, high] is dropped whole. A sampler that agrees with the trainer (ratio 1) drops nothing.
-    Departures: the sequence level bounds the geometric mean (veRL's "geometric" level), not the product of the
-    ratios (TRL's sequence_mask), so one band fits every length; dropped tokens stay in the loss's denominators
-    (TRL multiplies by 0 the same way; veRL removes them from the mask, which rescales the kept ones)."""
-    old, sampler = old_logprobs.detach(), sampler_logprobs.detach()
-    if level == "token":
-        ratio = torch.exp((old - sampler).clamp(-20.0, 20.0))  # [B, T]
-    elif level == "sequence":
-        ratio = torch.exp(sequence_log_ratio(old, sampler, mask).clamp(-20.0, 20.0))[:, None].expand_as(old)
-    else:
-        raise ValueError(f"unknown importance mask level {level!r}")
-    return ((ratio >= low) & (ratio <= high)).to(old.dtype)

@@ -6,7 +6,7 @@ Contract: an objective takes one micro-batch's `LossInputs` and the run's `AlgoC
 `LossOutputs`: the policy-gradient term of every token *before* normalisation ([b, T]; a sequence-level
 objective repeats its sequence's term on each of its tokens), the ratio it used, and 0/1 per-token flags
 (clip fractions). `compute_loss` then applies, identically for every objective, the importance correction
-(`is_weights`: TIS and masked IS, update.py), the normalisation (`loss_weights`, from losses.token_weights with
+(`is_weights`: the off-policy correction, algo/offpolicy.py), the normalisation (`loss_weights`, from losses.token_weights with
 *global* counts, so summed micro-batches give the mini-batch: micro-batching never changes the loss), the KL
 term and the entropy bonus:
 
@@ -72,7 +72,7 @@ class LossInputs:
     metric_weights: torch.Tensor  # [b, T] mask / global trainable tokens (token means)
     ref_logprobs: torch.Tensor | None = None  # [b, T] reference policy, when a KL term is on
     is_weights: torch.Tensor | None = (
-        None  # [b, T] importance correction vs the sampler (TIS, masks), when on
+        None  # [b, T] off-policy correction weights (algo/offpolicy.py), when on
     )
 
 

@@ -38,7 +38,9 @@ PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 # Shown only when a run logs one of their keys.
 OPTIONAL_PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Critic (algo.advantage = gae)", ("critic/value_loss", "critic/explained_variance"), "loss / fraction"),
-    ("Importance masks", ("is_mask/dropped",), "fraction of tokens dropped"),
+    ("Off-policy correction", ("behaviour/ess", "behaviour/cut_frac"), "fraction"),
+    ("Asynchronous sampling: waits", ("time/trainer_wait_s", "time/sampler_wait_s"), "seconds per step"),
+    ("Asynchronous sampling: staleness", ("async/staleness_mean", "async/staleness_max"), "policy versions"),
 )
 
 # Run-dependent metric families (title, key prefix, key suffix, y-axis label): after PLOTS, a series per key.

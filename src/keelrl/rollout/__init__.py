@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from keelrl.config import Config
 
 __all__ = [
-    "SAMPLERS", "FinishReason", "Generation", "Rollout", "Sampler", "SamplingSettings", "make_sampler",
-    "render_prompt", "resolve_template", "sampler_kind",
+    "ASYNC_SAMPLERS", "SAMPLERS", "FinishReason", "Generation", "Rollout", "Sampler", "SamplingSettings",
+    "make_async_sampler", "make_sampler", "render_prompt", "resolve_template", "sampler_kind",
 ]  # fmt: skip
 
 Progress = Callable[[], None] | None
@@ -72,6 +72,27 @@ def _vllm(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progress
 
 
 SAMPLERS: dict[str, Callable[..., Sampler]] = {"hf": _local, "vllm": _vllm, "ray": _ray}
+
+
+def _process(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress) -> Sampler:
+    """A transformers sampler in a child process of its own (`rollout.sampler_threads` threads)."""
+    from keelrl.rollout.process import ProcessSampler
+
+    return ProcessSampler(cfg, cfg.rollout.sampler_threads)
+
+
+# rollout.max_staleness >= 1: the pipeline's sampler, out of the training process (keelrl/rollout/pipeline.py)
+ASYNC_SAMPLERS: dict[str, Callable[..., Sampler]] = {"hf": _process, "ray": _ray}
+
+
+def make_async_sampler(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer) -> Sampler:
+    """The asynchronous pipeline's sampler for `cfg`'s kind (a child process, or Ray actors); no weights yet."""
+    kind = sampler_kind(cfg)
+    if kind not in ASYNC_SAMPLERS:
+        raise ValueError(
+            f"rollout.max_staleness >= 1 has no sampler for {kind!r}; it has {sorted(ASYNC_SAMPLERS)}"
+        )
+    return ASYNC_SAMPLERS[kind](cfg, model, tokenizer, None)
 
 
 def sampler_kind(cfg: Config | None) -> str:

@@ -34,6 +34,7 @@ RULES: dict[str, RuleFn] = {
     "exact_zero": numerics.exact_zero,
     "kl_blowup": numerics.kl_blowup,
     "mismatch": numerics.mismatch,
+    "off_policy_ess": numerics.off_policy_ess,
     "entropy_collapse": policy.entropy_collapse,
     "entropy_explosion": policy.entropy_explosion,
     "reward_collapse": reward.reward_collapse,
@@ -88,6 +89,7 @@ class GuardsConfig(BaseModel):
     entropy_explosion: policy.EntropyExplosionThresholds = section(policy.EntropyExplosionThresholds)
     kl_blowup: numerics.KlBlowupThresholds = section(numerics.KlBlowupThresholds)
     mismatch: numerics.MismatchThresholds = section(numerics.MismatchThresholds)
+    off_policy_ess: numerics.OffPolicyEssThresholds = section(numerics.OffPolicyEssThresholds)
     length_explosion: policy.LengthExplosionThresholds = section(policy.LengthExplosionThresholds)
     length_collapse: policy.LengthCollapseThresholds = section(policy.LengthCollapseThresholds)
     truncation_surge: policy.TruncationSurgeThresholds = section(policy.TruncationSurgeThresholds)

@@ -1,6 +1,6 @@
 """Rules on one update's numbers and how far it moves the policy: non-finite values, gradient-norm
-spikes, exactly-zero updates, importance-ratio outliers (judged per update only), KL blow-up, and
-sampler/trainer mismatch."""
+spikes, exactly-zero updates, importance-ratio outliers (judged per update only), KL blow-up,
+sampler/trainer mismatch, and the effective sample size of the off-policy (behaviour) ratios."""
 
 from __future__ import annotations
 
@@ -199,7 +199,9 @@ class RatioOutlierThresholds(RuleThresholds):
 
 
 def ratio_outlier(step: int, ratio_max: float, t: RatioOutlierThresholds) -> Finding | None:
-    """One update's largest per-token ratio pi/pi_old, judged before the update is applied (per step only)."""
+    """One update's largest per-token ratio pi/pi_old, judged before the update is applied (per step only).
+    pi_old is the proximal policy: recomputed when the batch is stale (rollout.max_staleness >= 1), so staleness
+    does not inflate this ratio; the stale gap (the behaviour ratio) is `off_policy_ess`'s."""
     if not (math.isfinite(ratio_max) and ratio_max > t.max_ratio):
         return None
     return finding(
@@ -272,9 +274,10 @@ def kl_blowup(history: Sequence[Record], t: KlBlowupThresholds) -> Finding | Non
 
 
 class MismatchThresholds(RuleThresholds):
-    """Sampler and trainer log-probs disagree (mismatch/kl)."""
+    """Sampler and trainer log-probs disagree (mismatch/kl): a sampler whose numerics differ, or, with stale
+    batches (rollout.max_staleness >= 1), a policy that moved far between sampling and the update."""
 
-    # action stays "warn": a rollback cannot repair a disagreeing sampler; truncated IS (algo.tis_cap) can.
+    # action stays "warn": a rollback cannot repair a disagreeing sampler; the off-policy correction can.
     window: int = Field(5, ge=1, description="Steps averaged for the sampler/trainer gap (mismatch/kl).")
     # REFERENCE: healthy dense runs show sampler/trainer KL 4e-4 to 1e-2; veRL warns above 0.1.
     warn_kl: float = Field(
@@ -283,28 +286,97 @@ class MismatchThresholds(RuleThresholds):
     critical_kl: float = Field(
         0.1, gt=0.0, description="Critical when mean mismatch/kl exceeds this (veRL's warning level)."
     )
+    # Measured (docs/RESULTS.md, asynchronous training): the demo's RL stage at k = 1 and 2 kept the 5-step mean
+    # of mismatch/kl at or below 0.025 on healthy seeds; the seed that collapsed at k = 2 reached 0.35.
+    stale_warn_kl: float = Field(
+        0.05,
+        gt=0.0,
+        description="With stale batches (async/staleness_max > 0): warn above this mean mismatch/kl.",
+    )
+    stale_critical_kl: float = Field(
+        0.2, gt=0.0, description="With stale batches: critical above this mean mismatch/kl."
+    )
 
 
 def mismatch(history: Sequence[Record], t: MismatchThresholds) -> Finding | None:
-    """Sampler/trainer log-prob gap (mismatch/kl, logged when the trainer recomputes log-probs)."""
+    """Sampler/trainer log-prob gap (mismatch/kl, logged when the trainer recomputes log-probs). With stale
+    batches (async/staleness_max > 0 in the latest record) the gap includes the policy's own movement over the
+    staleness, and the stale thresholds apply."""
     cur = tail(history, "mismatch/kl", t.window)
     if len(cur) < t.window:
         return None
+    stale = metric_value(history[-1], "async/staleness_max") or 0.0
+    warn, critical = (t.stale_warn_kl, t.stale_critical_kl) if stale > 0 else (t.warn_kl, t.critical_kl)
     k = mean_value(cur)
-    if k <= t.warn_kl:
+    if k <= warn:
         return None
     ev = {"mismatch_kl": k}
     mx = tail(history, "mismatch/max_abs", t.window)
     if mx:
         ev["max_abs_logprob_gap"] = max(v for _, v in mx)
+    if stale > 0:
+        ev["staleness_max"] = stale
+        message = (
+            f"The policy moved far between sampling and the update: mismatch/kl (sampling policy vs the one "
+            f"updated, up to {stale:g} versions apart) averages {k:.3g} over steps {cur[0][0]}-{cur[-1][0]} "
+            "(healthy asynchronous runs stay below 0.025). Stale feedback lets updates overshoot."
+        )
+        suggestion = "Lower algo.lr or rollout.max_staleness; keep algo.correction on."
+    else:
+        message = (
+            f"Sampler and trainer disagree: mismatch/kl averages {k:.3g} over steps {cur[0][0]}-{cur[-1][0]} "
+            "(healthy runs show 4e-4 to 1e-2)."
+        )
+        suggestion = (
+            "Check the weight sync and that sampler and trainer use the same temperature/top-p; with "
+            "algo.old_logprobs = 'recompute' keep an off-policy correction on (algo.correction = 'tis', the default)."
+        )
     return finding(
-        "mismatch",
-        "critical" if k > t.critical_kl else "warning",
+        "mismatch", "critical" if k > critical else "warning", span(cur), ev, message, suggestion, t.action
+    )
+
+
+class OffPolicyEssThresholds(RuleThresholds):
+    """The effective sample size of the behaviour ratios pi_prox / pi_sampler (behaviour/ess) is low: a few stale
+    or mismatched samples carry most of the weight."""
+
+    window: int = Field(5, ge=1, description="Steps averaged for behaviour/ess.")
+    # REFERENCE: veRL's rollout-correction warns when the effective sample size falls below 0.3; VCPO
+    # (2602.17616) found low ESS precedes collapse in asynchronous runs.
+    min_ess: float = Field(
+        0.3, gt=0.0, le=1.0, description="Warn when the mean behaviour/ess is below this (veRL's level)."
+    )
+    critical_ess: float = Field(
+        0.1, gt=0.0, le=1.0, description="Critical when the mean behaviour/ess is below this."
+    )
+
+
+def off_policy_ess(history: Sequence[Record], t: OffPolicyEssThresholds) -> Finding | None:
+    """Mean behaviour/ess over the window below min_ess (logged whenever the proximal policy is recomputed:
+    rollout.max_staleness >= 1, or algo.old_logprobs = 'recompute')."""
+    cur = tail(history, "behaviour/ess", t.window)
+    if len(cur) < t.window or (ess := mean_value(cur)) >= t.min_ess:
+        return None
+    ev = {"ess": ess}
+    for key, name in (("async/staleness_mean", "staleness"), ("behaviour/ratio_max", "ratio_max")):
+        if (v := metric_value(history[-1], key)) is not None:
+            ev[name] = v
+    stale = ev.get("staleness", 0.0) > 0
+    cause = (
+        f"the batches are {ev['staleness']:.3g} policy versions old and the policy moved too far meanwhile"
+        if stale
+        else "the sampler's log-probs differ from the trainer's"
+    )
+    return finding(
+        "off_policy_ess",
+        "critical" if ess < t.critical_ess else "warning",
         span(cur),
         ev,
-        f"Sampler and trainer disagree: mismatch/kl averages {k:.3g} over steps {cur[0][0]}-{cur[-1][0]} "
-        "(healthy runs show 4e-4 to 1e-2).",
-        "Check the weight sync and that sampler and trainer use the same temperature/top-p; enable truncated "
-        "importance sampling with algo.tis_cap (about 2).",
+        f"The behaviour ratios pi_prox / pi_sampler have an effective sample size of {ess:.3g} (steps "
+        f"{cur[0][0]}-{cur[-1][0]}): {cause}, so a few samples carry most of the gradient's weight.",
+        "Lower rollout.max_staleness or algo.lr, and keep an off-policy correction on (algo.correction = 'tis' "
+        "or 'mis'; 'off' trains on these samples as if they were on-policy)."
+        if stale
+        else "Check the weight sync and the engine's dtype (vllm.dtype), and keep algo.correction on.",
         t.action,
     )

@@ -1,0 +1,140 @@
+"""Off-policy correction: how the loss accounts for the gap between the policy that sampled a batch (the
+behaviour policy, whose log-probs the sampler returned) and the policy the update starts from (the proximal
+policy, whose log-probs the trainer recomputes). The gap comes from staleness (`rollout.max_staleness` k >= 1:
+the batch of step t was sampled by policy version t - k) and from an engine whose numerics differ from the
+trainer's (vLLM, bf16).
+
+Every choice is decoupled PPO's structure (AReaL, arXiv 2505.24298): the objective (`algo.objective`) clips its
+ratio pi_theta / pi_prox against the proximal policy, so one update's trust region does not depend on how stale
+the data is, and the behaviour ratio rho = pi_prox / pi_behaviour multiplies each token's policy-gradient term
+(`compute_loss`'s `is_weights`). What differs is how rho is bounded (`algo.correction`, `CORRECTIONS`):
+
+    off        w = 1                        the gap is ignored: stale samples trained as if on-policy (biased)
+    decoupled  w = rho                      AReaL's objective as published: unbiased, unbounded variance
+    tis        w = min(rho, C)              truncated IS, C = algo.is_cap (~2, the TIS post's value)
+    mis        w = rho * [lo <= rho <= hi]  masked IS: a unit whose ratio leaves the band is dropped
+                                            (IcePop at token level), band algo.is_mask_low / is_mask_high
+
+At `algo.correction_level = "token"` rho is per token; at "sequence" it is each sequence's geometric-mean ratio
+exp(mean_t log rho_t), the same on all its tokens.
+
+Default: tis at token level, C = 2. At k = 0 with the in-process sampler nothing is recomputed (the sampler's
+log-probs are the proximal policy's, rho = 1) and the loop is exactly the synchronous one. At k >= 1 truncation
+bounds each token's weight, so no stale sample dominates an update (the heavy-tailed ratios VCPO, arXiv
+2602.17616, found behind collapses) while every token still contributes; `decoupled` keeps the unbiased but
+unbounded weight; `mis` drops instead of capping, losing those tokens' signal. The effective sample size of rho
+(`behaviour/ess`, (sum rho)^2 / (n sum rho^2) over the level's units) tells how far the data is from on-policy
+whatever the correction; the `off_policy_ess` guard warns on it.
+
+Departures, stated:
+- The sequence level bounds the geometric mean (veRL's "geometric" level), not the product of the token ratios
+  (veRL's and TRL's sequence level), so one band and one cap fit every length.
+- Dropped units (mis) stay in the loss's denominators (TRL multiplies by 0 the same way; veRL removes them from
+  the mask, which rescales the kept ones).
+- KL and entropy terms are not weighted: they are properties of the current policy (objectives.py).
+- The proximal policy is recomputed (one forward pass), never interpolated from versions (AReaL's "loglinear").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from keelrl.algo.losses import sequence_log_ratio
+
+if TYPE_CHECKING:
+    from keelrl.config import AlgoConfig
+
+Level = Literal["token", "sequence"]
+
+
+def behaviour_log_ratio(
+    proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, level: Level
+) -> torch.Tensor:
+    """[B, T] log(pi_prox / pi_behaviour) without gradient, 0 off the mask: per token, or each sequence's mean
+    over its trainable tokens (the log of its geometric-mean ratio) on all of its tokens. Clamped at +-20."""
+    prox, behav = proximal.detach(), behaviour.detach()
+    if level == "token":
+        log_rho = prox - behav
+    elif level == "sequence":
+        log_rho = sequence_log_ratio(prox, behav, mask)[:, None].expand_as(prox)
+    else:
+        raise ValueError(f"unknown correction level {level!r}")
+    return log_rho.clamp(-20.0, 20.0) * mask
+
+
+def decoupled(log_rho: torch.Tensor, algo: AlgoConfig) -> torch.Tensor:
+    """w = rho (AReaL's behaviour importance weight, uncapped)."""
+    return torch.exp(log_rho)
+
+
+def truncated(log_rho: torch.Tensor, algo: AlgoConfig) -> torch.Tensor:
+    """w = min(rho, algo.is_cap) (truncated importance sampling)."""
+    return torch.exp(log_rho).clamp_max(algo.is_cap)
+
+
+def masked(log_rho: torch.Tensor, algo: AlgoConfig) -> torch.Tensor:
+    """w = rho where is_mask_low <= rho <= is_mask_high, else 0 (masked importance sampling)."""
+    rho = torch.exp(log_rho)
+    low, high = algo.is_mask_band
+    return rho * ((rho >= low) & (rho <= high)).to(rho.dtype)
+
+
+def uncorrected(log_rho: torch.Tensor, algo: AlgoConfig) -> torch.Tensor:
+    """w = 1: the behaviour ratio is ignored."""
+    return torch.ones_like(log_rho)
+
+
+Correction = Callable[[torch.Tensor, "AlgoConfig"], torch.Tensor]
+CORRECTIONS: dict[str, Correction] = {
+    "off": uncorrected,
+    "decoupled": decoupled,
+    "tis": truncated,
+    "mis": masked,
+}
+
+
+def correction_weights(
+    proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, algo: AlgoConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [B, T] of `algo.correction` at `algo.correction_level`, zero off the mask; log rho [B, T])."""
+    log_rho = behaviour_log_ratio(proximal, behaviour, mask, algo.correction_level)
+    return CORRECTIONS[algo.correction](log_rho, algo).detach() * mask, log_rho
+
+
+def behaviour_sums(
+    log_rho: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, level: Level
+) -> dict[str, float]:
+    """Sums (to be added over ranks) of the behaviour ratio over the level's units (trainable tokens, or
+    sequences with at least one): n, sum rho, sum rho^2, and the units whose weight was cut (w < rho: truncated
+    or dropped). `behaviour_metrics` turns them into means and the effective sample size."""
+    rho = torch.exp(log_rho.double())
+    if level == "sequence":
+        has = mask.sum(dim=1) > 0
+        first = mask.argmax(dim=1)  # the ratio is the same on every token of a sequence: take its first
+        rows = torch.arange(mask.shape[0], device=mask.device)
+        rho, w = rho[rows, first][has], weights.double()[rows, first][has]
+    else:
+        keep = mask.bool()
+        rho, w = rho[keep], weights.double()[keep]
+    return {
+        "n": float(rho.numel()),
+        "sum": float(rho.sum()),
+        "sum_sq": float(rho.square().sum()),
+        "cut": float((w < rho * (1 - 1e-6)).sum()),  # float32 weights: a relative margin
+    }
+
+
+def behaviour_metrics(sums: dict[str, float], largest: float) -> dict[str, float]:
+    """behaviour/ratio_mean, behaviour/ratio_max (`largest`), behaviour/cut_frac (the fraction of units whose
+    weight the correction lowered) and behaviour/ess = (sum rho)^2 / (n sum rho^2), in (0, 1]: 1 when every
+    ratio is equal (on-policy: all 1), 1/n when one unit carries all the weight."""
+    n = max(sums["n"], 1.0)
+    return {
+        "behaviour/ratio_mean": sums["sum"] / n,
+        "behaviour/ratio_max": largest,
+        "behaviour/cut_frac": sums["cut"] / n,
+        "behaviour/ess": sums["sum"] ** 2 / (n * sums["sum_sq"]) if sums["sum_sq"] > 0 else 1.0,
+    }
