@@ -14,9 +14,9 @@ import torch
 from keelrl.curriculum import GroupOutcome, fill_batch, has_signal, refill_budget_prompts, task_metrics
 from keelrl.distributed import all_gather_list, all_reduce_sum
 from keelrl.monitor.traces import is_repetitive
-from keelrl.rollout.pipeline import staleness_metrics
 from keelrl.rollout import Rollout
 from keelrl.rollout.episodes import Episode, generate, score
+from keelrl.rollout.pipeline import staleness_metrics
 from keelrl.rollout.types import is_truncated
 from keelrl.rollout.weights import untied_state_dict
 from keelrl.run import ResumeError, Run

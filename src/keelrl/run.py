@@ -28,9 +28,9 @@ from keelrl.guards.engine import Guardian
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.run_lock import RunLock
 from keelrl.monitor.sinks import ConsoleSink, Sink
-from keelrl.rollout.pipeline import Pipeline
 from keelrl.rollout import Sampler, SamplingSettings
 from keelrl.rollout.episodes import Prompter
+from keelrl.rollout.pipeline import Pipeline
 from keelrl.state import TrainState
 from keelrl.supervisor import EXIT_CANNOT_SAVE, EXIT_GUARD_STOP, Heartbeat
 from keelrl.tasks import Task

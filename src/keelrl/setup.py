@@ -29,9 +29,9 @@ from keelrl.models import compile_decoder, load_policy
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.run_lock import RunLock, RunLockedError, hold
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
-from keelrl.rollout.pipeline import Pipeline
 from keelrl.rollout import SAMPLERS, SamplingSettings, make_async_sampler, make_sampler, resolve_template
 from keelrl.rollout.episodes import Prompter
+from keelrl.rollout.pipeline import Pipeline
 from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus
 from keelrl.run import Live, ResumeError, Run
 from keelrl.state import TrainState

@@ -22,8 +22,19 @@ def _metrics(run: Path) -> list[dict]:
         ['algo.objective="gspo"', "algo.seq_clip_low=0.05", "algo.seq_clip_high=0.05"],
         ['algo.objective="gspo_token"'],
         ['algo.objective="cispo"', "algo.cispo_max=1.05"],
-        ['algo.correction="mis"', 'algo.old_logprobs="recompute"', "algo.is_mask_low=0.999999", "algo.is_mask_high=1.000001"],
-        ['algo.correction="mis"', 'algo.old_logprobs="recompute"', 'algo.correction_level="sequence"', 'train.autocast="bf16"', "model.fp32_head=true"],
+        [
+            'algo.correction="mis"',
+            'algo.old_logprobs="recompute"',
+            "algo.is_mask_low=0.999999",
+            "algo.is_mask_high=1.000001",
+        ],
+        [
+            'algo.correction="mis"',
+            'algo.old_logprobs="recompute"',
+            'algo.correction_level="sequence"',
+            'train.autocast="bf16"',
+            "model.fp32_head=true",
+        ],
     ],
     ids=["gspo", "gspo_token", "cispo", "token_mask", "sequence_mask_bf16_fp32_head"],
 )
