@@ -4,7 +4,7 @@ and the update take comparable time (both are printed), on a tiny random model o
 Threads: the trainer runs `--trainer-threads` torch threads; at k = 1 the sampling process runs
 rollout.sampler_threads = `--sampler-threads`. The synchronous loop is measured with the trainer's threads and
 also with all of them (`--trainer-threads` + `--sampler-threads`), so the speed-up is not bought with cores the
-synchronous loop was denied. Rate: steps after the first `--warmup` (which include the sampling process's start
+synchronous loop was denied; and with `algo.old_logprobs = "recompute"`, the forward pass k >= 1 adds. Rate: steps after the first `--warmup` (which include the sampling process's start
 and the pipeline's first fill) over their wall time, from metrics.jsonl's timestamps. Prints JSON.
 
     python benchmarks/async.py --out docs/async.json
@@ -86,6 +86,11 @@ def main() -> None:
     variants = {
         "k0": ([*common, "rollout.max_staleness=0"], args.trainer_threads),
         f"k0_{all_threads}threads": ([*common, "rollout.max_staleness=0"], all_threads),
+        # what k = 1's update adds besides the overlap: the proximal policy's log-probs (a forward pass)
+        "k0_recompute": (
+            [*common, "rollout.max_staleness=0", 'algo.old_logprobs="recompute"'],
+            args.trainer_threads,
+        ),
         "k1": (
             [*common, "rollout.max_staleness=1", f"rollout.sampler_threads={args.sampler_threads}"],
             args.trainer_threads,
@@ -101,7 +106,7 @@ def main() -> None:
         name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
         for name, runs in results.items()
     }
-    k0, k0_all, k1 = (summary[n]["steps_per_s"] for n in variants)
+    k0, k0_all, _, k1 = (summary[n]["steps_per_s"] for n in variants)
     report = {
         "command": "python benchmarks/async.py " + " ".join(sys.argv[1:]),
         "settings": common,

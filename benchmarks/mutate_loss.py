@@ -135,7 +135,8 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
         "sequence_log_ratio(prox, behav, mask)[:, None]",
         "(sequence_log_ratio(prox, behav, mask) * mask.sum(1))[:, None]",
     ),
-    "weights_leak_off_the_mask": (OFF, "algo).detach() * mask, log_rho", "algo).detach(), log_rho"),
+    "weights_leak_off_the_mask": (OFF, "algo).detach() * mask\n", "algo).detach()\n"),
+    "mismatch_k3_sign": (OFF, "torch.exp(gap) - 1.0 - gap", "torch.exp(gap) - 1.0 + gap"),
     "ess_without_n": (OFF, '(n * sums["sum_sq"])', 'sums["sum_sq"]'),
 }
 

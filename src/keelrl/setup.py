@@ -31,7 +31,7 @@ from keelrl.monitor.run_lock import RunLock, RunLockedError, hold
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
 from keelrl.rollout import SAMPLERS, SamplingSettings, make_async_sampler, make_sampler, resolve_template
 from keelrl.rollout.episodes import Prompter
-from keelrl.rollout.pipeline import Pipeline
+from keelrl.rollout.pipeline import Pipeline, ProgressCount
 from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus
 from keelrl.run import Live, ResumeError, Run
 from keelrl.state import TrainState
@@ -180,13 +180,14 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         pipeline = None
         settings = SamplingSettings(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
         if r.max_staleness:  # sampling runs in another process; evals keep sampling the current policy here
+            progress = ProgressCount()
             pipeline = Pipeline(
-                make_async_sampler(cfg, sampler_model, tokenizer),
-                Prompter(
-                    task, copy.deepcopy(tokenizer), template, cfg.episode
-                ),  # its own: used on its thread
+                make_async_sampler(cfg, sampler_model, tokenizer, progress),
+                # its own prompter: its tokenizer is used on the pipeline's thread
+                Prompter(task, copy.deepcopy(tokenizer), template, cfg.episode),
                 settings,
                 r.max_staleness,
+                progress,
             )
             engines.append(pipeline)
             engines.append(SAMPLERS["hf"](cfg, sampler_model, tokenizer, pulse))

@@ -18,7 +18,7 @@ from keelrl.algo.advantages import compute_advantages
 from keelrl.algo.logprobs import Autocast, LogprobModule, autocast_context
 from keelrl.algo.losses import token_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
-from keelrl.algo.offpolicy import behaviour_metrics, behaviour_sums, correction_weights
+from keelrl.algo.offpolicy import add_sums, behaviour_metrics, correction_weights
 from keelrl.config import AlgoConfig
 from keelrl.critic import ValueModel, critic_advantages, critic_backward
 from keelrl.distributed import (
@@ -176,8 +176,10 @@ def forward_logprobs(
 def prepare_batch(
     run: Run, state: TrainState, rollouts: list[Rollout]
 ) -> tuple[TrainBatch, dict[str, float]]:
-    """Collate; attach old-policy (proximal), reference log-probs and the off-policy correction's weights;
-    measure mismatch/* and behaviour/* when the proximal policy is recomputed (algo/offpolicy.py)."""
+    """Collate; attach reference log-probs and the old-policy (proximal) ones: the sampler's when it ran the
+    policy being updated, else (algo.old_logprobs = "recompute", or stale batches) the trainer's, with the
+    off-policy correction's weights and the behaviour/* and mismatch/* metrics (algo/offpolicy.py): recomputed
+    here before several optimizer steps, or taken from the update's own forward when there is one."""
     cfg, a, world = run.cfg, run.cfg.algo, run.world
     batch = collate(rollouts, run.tokenizer.pad_token_id or 0, world.device)
     temp, mbs = run.settings.temperature, cfg.train.micro_batch_size
@@ -186,38 +188,17 @@ def prepare_batch(
     share, autocast = run.update_share_prefix, cfg.train.autocast
     if state.ref_policy is not None:
         batch.ref_logprobs = forward_logprobs(state.ref_policy, batch, mbs, temp, share, autocast)
-    if a.old_logprobs == "recompute" or cfg.rollout.max_staleness > 0:
+    if not (a.old_logprobs == "recompute" or cfg.rollout.max_staleness > 0):
+        batch.old_logprobs = batch.sampler_logprobs  # the sampler ran the policy being updated
+    elif a.ppo_epochs * a.minibatches > 1:  # several optimizer steps: pi_prox is recomputed first
         assert run.train_module is not None  # set by setup for every world size
         batch.old_logprobs = forward_logprobs(run.train_module, batch, mbs, temp, share, autocast)
-        metrics.update(mismatch_metrics(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, world))
-        weights, log_rho = correction_weights(
-            batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, a
-        )
-        if a.correction != "off":
-            batch.is_weights = weights
-        sums = behaviour_sums(log_rho, weights, batch.target_mask, a.correction_level)
-        largest = float(torch.exp(log_rho.masked_fill(batch.target_mask == 0, -20.0).max()))
-        metrics.update(
-            behaviour_metrics(
-                {k: all_reduce_sum(v, world) for k, v in sums.items()}, max(all_gather_list([largest], world))
-            )
-        )
-    else:
-        batch.old_logprobs = batch.sampler_logprobs
+        weights, sums = correction_weights(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, a)
+        batch.is_weights = weights if a.correction != "off" else None
+        metrics.update(behaviour_metrics(all_reduce_stats(sums, world)))
+    # else one optimizer step per batch: pi_prox is the policy the update's own forward runs (minibatch_backward),
+    # so no extra forward pass; old_logprobs stays None
     return batch, metrics
-
-
-def mismatch_metrics(
-    trainer_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor, world: World
-) -> dict[str, float]:
-    """Sampler vs trainer: mismatch/kl, the token mean of k3(sampler || trainer), and mismatch/max_abs."""
-    log_r = (trainer_lp - sampler_lp).clamp(-20, 20) * mask
-    k3 = (torch.exp(log_r) - 1 - log_r) * mask
-    n = all_reduce_sum(float(mask.sum()), world)
-    return {
-        "mismatch/kl": all_reduce_sum(float(k3.sum()), world) / max(n, 1.0),
-        "mismatch/max_abs": float((log_r.abs() * mask).max()) if mask.any() else 0.0,
-    }
 
 
 def update_phase(
@@ -338,6 +319,7 @@ def minibatch_backward(
     g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
     g_seqs = all_reduce_sum(float(len(idx)), world)
     sums: dict[str, float] = {"ratio/max": 0.0}
+    offpolicy: dict[str, float] = {}  # behaviour_sums when pi_prox comes from this forward
     mbs = list(micro_batches(batch, idx, micro_batch_size, group_prompts=share_prefix))
     for i, mb in enumerate(mbs):
         pulse()
@@ -353,15 +335,21 @@ def minibatch_backward(
                     share_prefix=share_prefix,
                 )  # [b, T]
             assert ent is not None
-            assert mb.old_logprobs is not None
+            if mb.old_logprobs is None:  # one optimizer step per batch: pi_prox is this forward's own policy
+                lp_old = lp.detach()
+                is_w, part = correction_weights(lp_old, mb.sampler_logprobs, mb.target_mask, a)
+                offpolicy = add_sums(offpolicy, part)
+                is_w = is_w if a.correction != "off" else None
+            else:
+                lp_old, is_w = mb.old_logprobs, mb.is_weights
             w = token_weights(
                 mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens
             )  # [b, T] the loss's
             mw = token_weights(
                 mb.target_mask, "token_mean", g_tokens, g_seqs, max_new_tokens
             )  # [b, T] metrics'
-            lp_old, adv, mask = mb.old_logprobs, mb.advantages, mb.target_mask
-            inputs = LossInputs(lp, ent, lp_old, adv, mask, w, mw, mb.ref_logprobs, mb.is_weights)
+            adv, mask = mb.advantages, mb.target_mask
+            inputs = LossInputs(lp, ent, lp_old, adv, mask, w, mw, mb.ref_logprobs, is_w)
             loss, stats = compute_loss(inputs, a)
             (loss * scale).backward()
         if critic is not None:  # its value loss, token-mean weighted like the metrics (critic.py)
@@ -371,7 +359,10 @@ def minibatch_backward(
                 sums[key] = max(sums[key], value)
             else:
                 sums[key] = sums.get(key, 0.0) + value
-    return all_reduce_stats(sums, world)
+    sums.update({f"offpolicy:{k}": v for k, v in offpolicy.items()})
+    out = all_reduce_stats(sums, world)  # one collective for both
+    reduced = {k.removeprefix("offpolicy:"): out.pop(k) for k in list(out) if k.startswith("offpolicy:")}
+    return {**out, **(behaviour_metrics(reduced) if reduced else {})}
 
 
 def grad_norm_and_clip(model: torch.nn.Module, clip: float) -> float:

@@ -8,12 +8,14 @@ row 1 sqrt(0.99) = 0.99499.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from keelrl.algo.losses import token_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
-from keelrl.algo.offpolicy import CORRECTIONS, behaviour_metrics, behaviour_sums, correction_weights
+from keelrl.algo.offpolicy import CORRECTIONS, add_sums, behaviour_metrics, correction_weights
 from keelrl.config import AlgoConfig, ConfigError, load_config
 
 PROX = torch.tensor([[1.5, 2.5, 1.0], [0.9, 1.1, 100.0]]).log()
@@ -50,11 +52,12 @@ def test_every_correction_at_sequence_level() -> None:
 def test_a_sampler_that_agrees_needs_no_correction() -> None:
     for name in CORRECTIONS:
         for level in ("token", "sequence"):
-            w, log_rho = correction_weights(
+            w, sums = correction_weights(
                 BEHAV, BEHAV, MASK, AlgoConfig(correction=name, correction_level=level)
             )
             close(w, MASK.tolist())
-            assert log_rho.abs().max() == 0
+            m = behaviour_metrics(sums)
+            assert m["behaviour/ess"] == 1.0 and m["mismatch/kl"] == 0.0 and m["behaviour/cut_frac"] == 0.0
 
 
 def test_weights_multiply_each_tokens_policy_gradient() -> None:
@@ -76,23 +79,34 @@ def test_weights_multiply_each_tokens_policy_gradient() -> None:
 
 
 def test_behaviour_metrics_and_effective_sample_size() -> None:
-    algo = AlgoConfig(correction="tis", is_cap=2.0)
-    w, log_rho = correction_weights(PROX, BEHAV, MASK, algo)
-    m = behaviour_metrics(behaviour_sums(log_rho, w, MASK, "token"), 2.5)
+    _, sums = correction_weights(PROX, BEHAV, MASK, AlgoConfig(correction="tis", is_cap=2.0))
+    m = behaviour_metrics(sums)
     # units 1.5, 2.5, 1.0, 0.9, 1.1: mean 7 / 5, ESS 7^2 / (5 * 11.52) = 0.85069; one of five truncated
     assert m["behaviour/ratio_mean"] == pytest.approx(1.4)
     assert m["behaviour/ess"] == pytest.approx(0.8506944, abs=1e-6)
     assert m["behaviour/cut_frac"] == pytest.approx(0.2)
-    assert m["behaviour/ratio_max"] == 2.5
-    seq = AlgoConfig(correction="decoupled", correction_level="sequence")
-    w, log_rho = correction_weights(PROX, BEHAV, MASK, seq)
-    m = behaviour_metrics(behaviour_sums(log_rho, w, MASK, "sequence"), G0)
+    assert m["behaviour/ratio_max"] == pytest.approx(2.5)
+    # mismatch: k3 = rho - 1 - log rho per token, averaged over the 5 trainable tokens (not the padding's 100)
+    k3 = [r - 1 - math.log(r) for r in (1.5, 2.5, 1.0, 0.9, 1.1)]
+    assert m["mismatch/kl"] == pytest.approx(sum(k3) / 5, abs=1e-6)
+    assert m["mismatch/max_abs"] == pytest.approx(math.log(2.5), abs=1e-6)
+    _, sums = correction_weights(
+        PROX, BEHAV, MASK, AlgoConfig(correction="decoupled", correction_level="sequence")
+    )
+    m = behaviour_metrics(sums)
     # one unit per sequence: (G0 + G1)^2 / (2 (G0^2 + G1^2)) = 0.95416; nothing cut by decoupled
     assert m["behaviour/ess"] == pytest.approx(0.954158, abs=1e-6)
     assert m["behaviour/ratio_mean"] == pytest.approx((G0 + G1) / 2, abs=1e-6)
     assert m["behaviour/cut_frac"] == 0.0
+    # the sums of two halves of the batch combine to the whole batch's
+    halves = [
+        correction_weights(PROX[i : i + 1], BEHAV[i : i + 1], MASK[i : i + 1], AlgoConfig())[1]
+        for i in (0, 1)
+    ]
+    whole = correction_weights(PROX, BEHAV, MASK, AlgoConfig())[1]
+    assert add_sums(add_sums({}, halves[0]), halves[1]) == pytest.approx(whole)
     # one unit carrying all the weight: ESS = 1 / n
-    one = behaviour_metrics({"n": 4.0, "sum": 1.0, "sum_sq": 1.0, "cut": 0.0}, 1.0)
+    one = behaviour_metrics({**whole, "n": 4.0, "sum": 1.0, "sum_sq": 1.0})
     assert one["behaviour/ess"] == pytest.approx(0.25)
 
 

@@ -115,6 +115,33 @@ def test_drain_and_restore_round_trip(pipe, char_tokenizer) -> None:
         other.shutdown()
 
 
+def test_heartbeats_while_waiting_only_while_the_sampler_progresses(pipe) -> None:
+    """A hung sampler must stop the trainer's heartbeats (the supervisor then restarts the worker); one that
+    decodes keeps them going."""
+    p, sampler, task = pipe
+    beats = []
+    sampler.gate.clear()  # hung: no progress at all
+    p.push(weights(), 0)
+    p.submit(0, episodes(task, 0))
+    threading.Timer(2.5, sampler.gate.set).start()
+    p.take(0, on_wait=lambda: beats.append(1))
+    assert len(beats) <= 1  # the push finishing counts; nothing after it
+    ticking = threading.Event()
+
+    def tick() -> None:  # a sampler decoding: progress signals every 0.2 s
+        while not ticking.wait(0.2):
+            p.progress()
+
+    sampler.gate.clear()
+    p.submit(1, episodes(task, 1))
+    threading.Thread(target=tick, daemon=True).start()
+    threading.Timer(2.5, sampler.gate.set).start()
+    beats.clear()
+    p.take(1, on_wait=lambda: beats.append(1))
+    ticking.set()
+    assert len(beats) >= 2
+
+
 def test_a_sampler_failure_reaches_the_trainer(pipe) -> None:
     p, sampler, task = pipe
     sampler.fail = True

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from keelrl.algo.losses import LossAgg
+from keelrl.algo.offpolicy import behaviour_metrics, correction_weights
 from keelrl.config import AlgoConfig
 from keelrl.distributed import World
 from keelrl.rollout import Rollout, SamplingSettings
@@ -213,3 +214,38 @@ def test_a_shared_critic_sends_the_value_loss_into_the_policy_trunk(tiny_model, 
     assert grads[0.1] and any(float(g.abs().max()) > 1e-6 for g in grads[0.1])  # the trunk learns from it
     for a, b in zip(grads[0.1], grads[0.2], strict=True):
         torch.testing.assert_close(b, 2 * a, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("correction", ["tis", "decoupled", "mis", "off"])
+def test_proximal_from_the_update_forward_equals_a_recompute(
+    tiny_model, char_tokenizer, correction: str
+) -> None:
+    """One optimizer step per batch: pi_prox is the policy the update's forward runs, so taking its log-probs
+    from that forward (old_logprobs None) gives the recompute path's loss, gradient and behaviour metrics, on a
+    stale batch (sampler log-probs from another policy) with micro-batches cut differently from the recompute."""
+    model = copy.deepcopy(tiny_model)
+    batch = collate(
+        _rollouts(model, char_tokenizer, n=8, seed=2), char_tokenizer.pad_token_id, torch.device("cpu")
+    )
+    batch.sampler_logprobs = (
+        batch.sampler_logprobs + 0.4 * torch.randn_like(batch.sampler_logprobs) * batch.target_mask
+    )
+    algo = AlgoConfig(correction=correction, is_cap=1.5)
+    results = []
+    for deferred in (True, False):
+        model.zero_grad(set_to_none=True)
+        batch.old_logprobs, batch.is_weights = None, None
+        extra: dict[str, float] = {}
+        if not deferred:
+            batch.old_logprobs = forward_logprobs(model, batch, micro_batch_size=3, temperature=1.0)
+            w, sums = correction_weights(batch.old_logprobs, batch.sampler_logprobs, batch.target_mask, algo)
+            batch.is_weights = w if correction != "off" else None
+            extra = behaviour_metrics(sums)
+        stats = minibatch_backward(model, batch, torch.arange(8), algo, 4, 1.0, 12, World())
+        results.append(({**stats, **extra}, [p.grad.clone() for p in model.parameters()]))
+    (deferred_stats, g_deferred), (recompute_stats, g_recompute) = results
+    for key in ("loss/total", "behaviour/ess", "behaviour/ratio_mean", "behaviour/cut_frac", "mismatch/kl"):
+        assert deferred_stats[key] == pytest.approx(recompute_stats[key], abs=1e-5), key
+    assert deferred_stats["behaviour/ess"] < 0.99  # the batch really is off-policy
+    for a, b in zip(g_deferred, g_recompute):
+        assert torch.allclose(a, b, atol=1e-6)

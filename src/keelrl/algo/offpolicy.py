@@ -32,7 +32,9 @@ Departures, stated:
 - Dropped units (mis) stay in the loss's denominators (TRL multiplies by 0 the same way; veRL removes them from
   the mask, which rescales the kept ones).
 - KL and entropy terms are not weighted: they are properties of the current policy (objectives.py).
-- The proximal policy is recomputed (one forward pass), never interpolated from versions (AReaL's "loglinear").
+- The proximal log-probs are the trainer's own: a forward pass before the update when it makes several optimizer
+  steps per batch, else the update's forward itself (with one step, the policy it starts from is the proximal
+  policy; the same values without a second pass). Never interpolated between versions (AReaL's "loglinear").
 """
 
 from __future__ import annotations
@@ -98,43 +100,66 @@ CORRECTIONS: dict[str, Correction] = {
 
 def correction_weights(
     proximal: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, algo: AlgoConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [B, T] of `algo.correction` at `algo.correction_level`, zero off the mask; log rho [B, T])."""
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """(weights [B, T] of `algo.correction` at `algo.correction_level`, zero off the mask; this batch's
+    `behaviour_sums`). The proximal log-probs come from a recompute or from the update's own forward."""
     log_rho = behaviour_log_ratio(proximal, behaviour, mask, algo.correction_level)
-    return CORRECTIONS[algo.correction](log_rho, algo).detach() * mask, log_rho
+    weights = CORRECTIONS[algo.correction](log_rho, algo).detach() * mask
+    return weights, behaviour_sums(proximal, behaviour, log_rho, weights, mask, algo.correction_level)
 
 
 def behaviour_sums(
-    log_rho: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, level: Level
+    proximal: torch.Tensor,
+    behaviour: torch.Tensor,
+    log_rho: torch.Tensor,
+    weights: torch.Tensor,
+    mask: torch.Tensor,
+    level: Level,
 ) -> dict[str, float]:
-    """Sums (to be added over ranks) of the behaviour ratio over the level's units (trainable tokens, or
-    sequences with at least one): n, sum rho, sum rho^2, and the units whose weight was cut (w < rho: truncated
-    or dropped). `behaviour_metrics` turns them into means and the effective sample size."""
-    rho = torch.exp(log_rho.double())
+    """Partial sums over some rows, to be added over micro-batches and ranks (keys ending in "/max": the
+    largest), for `behaviour_metrics`: over the level's units (trainable tokens, or sequences with at least one)
+    n, sum rho, sum rho^2, the units whose weight the correction lowered (w < rho: truncated or dropped), the
+    largest rho; over trainable tokens, the k3 estimate of KL(behaviour || proximal) and the largest |log gap|."""
+    rho, w = torch.exp(log_rho.double()), weights.double()
     if level == "sequence":
         has = mask.sum(dim=1) > 0
         first = mask.argmax(dim=1)  # the ratio is the same on every token of a sequence: take its first
         rows = torch.arange(mask.shape[0], device=mask.device)
-        rho, w = rho[rows, first][has], weights.double()[rows, first][has]
+        rho, w = rho[rows, first][has], w[rows, first][has]
     else:
         keep = mask.bool()
-        rho, w = rho[keep], weights.double()[keep]
+        rho, w = rho[keep], w[keep]
+    gap = ((proximal.detach() - behaviour.detach()).double().clamp(-20.0, 20.0) * mask)[mask.bool()]
     return {
         "n": float(rho.numel()),
         "sum": float(rho.sum()),
         "sum_sq": float(rho.square().sum()),
         "cut": float((w < rho * (1 - 1e-6)).sum()),  # float32 weights: a relative margin
+        "ratio/max": float(rho.max()) if rho.numel() else 1.0,
+        "tokens": float(gap.numel()),
+        "kl": float((torch.exp(gap) - 1.0 - gap).sum()),
+        "gap/max": float(gap.abs().max()) if gap.numel() else 0.0,
     }
 
 
-def behaviour_metrics(sums: dict[str, float], largest: float) -> dict[str, float]:
-    """behaviour/ratio_mean, behaviour/ratio_max (`largest`), behaviour/cut_frac (the fraction of units whose
-    weight the correction lowered) and behaviour/ess = (sum rho)^2 / (n sum rho^2), in (0, 1]: 1 when every
-    ratio is equal (on-policy: all 1), 1/n when one unit carries all the weight."""
+def add_sums(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
+    """`behaviour_sums` of two parts of a batch combined (sums added, "/max" keys the larger)."""
+    return {
+        k: max(total.get(k, v), v) if k.endswith("/max") else total.get(k, 0.0) + v for k, v in part.items()
+    }
+
+
+def behaviour_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """From the whole batch's `behaviour_sums`: behaviour/ratio_mean, behaviour/ratio_max, behaviour/cut_frac
+    (the fraction of units whose weight the correction lowered), behaviour/ess = (sum rho)^2 / (n sum rho^2) in
+    (0, 1] (1 when every ratio is equal, as on-policy; 1/n when one unit carries all the weight), and
+    mismatch/kl (the token mean of k3) and mismatch/max_abs (the largest |log pi_prox - log pi_sampler|)."""
     n = max(sums["n"], 1.0)
     return {
         "behaviour/ratio_mean": sums["sum"] / n,
-        "behaviour/ratio_max": largest,
+        "behaviour/ratio_max": sums["ratio/max"],
         "behaviour/cut_frac": sums["cut"] / n,
         "behaviour/ess": sums["sum"] ** 2 / (n * sums["sum_sq"]) if sums["sum_sq"] > 0 else 1.0,
+        "mismatch/kl": sums["kl"] / max(sums["tokens"], 1.0),
+        "mismatch/max_abs": sums["gap/max"],
     }

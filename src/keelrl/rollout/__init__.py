@@ -78,21 +78,24 @@ def _process(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progr
     """A transformers sampler in a child process of its own (`rollout.sampler_threads` threads)."""
     from keelrl.rollout.process import ProcessSampler
 
-    return ProcessSampler(cfg, cfg.rollout.sampler_threads)
+    return ProcessSampler(cfg, cfg.rollout.sampler_threads, on_progress)
 
 
 # rollout.max_staleness >= 1: the pipeline's sampler, out of the training process (keelrl/rollout/pipeline.py)
 ASYNC_SAMPLERS: dict[str, Callable[..., Sampler]] = {"hf": _process, "ray": _ray}
 
 
-def make_async_sampler(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer) -> Sampler:
-    """The asynchronous pipeline's sampler for `cfg`'s kind (a child process, or Ray actors); no weights yet."""
+def make_async_sampler(
+    cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress = None
+) -> Sampler:
+    """The asynchronous pipeline's sampler for `cfg`'s kind (a child process, or Ray actors); no weights yet.
+    `on_progress`: called as it makes progress (decode steps, finished chunks)."""
     kind = sampler_kind(cfg)
     if kind not in ASYNC_SAMPLERS:
         raise ValueError(
             f"rollout.max_staleness >= 1 has no sampler for {kind!r}; it has {sorted(ASYNC_SAMPLERS)}"
         )
-    return ASYNC_SAMPLERS[kind](cfg, model, tokenizer, None)
+    return ASYNC_SAMPLERS[kind](cfg, model, tokenizer, on_progress)
 
 
 def sampler_kind(cfg: Config | None) -> str:

@@ -70,14 +70,33 @@ class Batch:
         return Batch(int(d["step"]), int(d["version"]), [Episode(**e) for e in d["episodes"]], rollouts)
 
 
+class ProgressCount:
+    """Counts progress signals: the sampler's (decode steps, finished chunks) and finished jobs. The trainer
+    sends heartbeats while it waits only when this count moves, so a hung sampler stops them and the supervisor's
+    hang detection restarts the worker, as in the synchronous loop."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
 class Pipeline:
     """Batches submitted ahead, sampled in order on `sampler` by one worker thread (see the module docstring).
     `prompter` must be this pipeline's own (its tokenizer is used on the worker thread)."""
 
     def __init__(
-        self, sampler: Sampler, prompter: Prompter, settings: SamplingSettings, staleness: int
+        self,
+        sampler: Sampler,
+        prompter: Prompter,
+        settings: SamplingSettings,
+        staleness: int,
+        progress: ProgressCount | None = None,
     ) -> None:
+        """`progress`: the count `sampler` signals its progress to (its `on_progress`)."""
         self.sampler, self.prompter, self.settings, self.staleness = sampler, prompter, settings, staleness
+        self.progress = progress or ProgressCount()
         self.batches: dict[int, Batch] = {}  # step -> batch, submitted and not yet taken
         self.next_step = 0  # the next step to submit
         self.pushed_version = -1
@@ -104,6 +123,7 @@ class Pipeline:
                     job()
             except Exception as err:  # handed to the trainer thread: `take` and `drain` raise it
                 self._error = err
+            self.progress()
             with self._done:
                 self._busy = False
                 self._done.notify_all()
@@ -140,11 +160,12 @@ class Pipeline:
 
     def _wait_for(self, ready: Callable[[], bool], on_wait: Callable[[], None] | None) -> float:
         """Block until `ready()` (checked under the lock) or the worker failed; returns the seconds waited."""
-        t0 = time.perf_counter()
+        t0, seen = time.perf_counter(), self.progress.count
         with self._done:
             while not ready() and self._error is None:
                 self._done.wait(timeout=1.0)
-                if on_wait is not None:
+                if on_wait is not None and self.progress.count != seen:  # only while the sampler progresses
+                    seen = self.progress.count
                     on_wait()
         if self._error is not None:
             raise PipelineError(f"asynchronous sampling failed: {self._error}") from self._error
@@ -153,8 +174,8 @@ class Pipeline:
     def take(
         self, step: int, on_wait: Callable[[], None] | None = None
     ) -> tuple[list[Rollout], dict[str, float]]:
-        """The sampled batch of `step` (waiting for it; `on_wait` is called about every second meanwhile) and the
-        async/* wait metrics."""
+        """The sampled batch of `step` and the time/*_wait_s metrics. While it waits, `on_wait` (the heartbeat) is
+        called about once a second, as long as the sampler makes progress."""
         if step not in self.batches:
             raise PipelineError(f"no batch was submitted for step {step} (submitted: {sorted(self.batches)})")
         batch = self.batches[step]

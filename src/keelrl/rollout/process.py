@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from keelrl.rollout.weights import NamedTensors
 
 MAX_RESTARTS = 3  # child deaths in a row within one call before giving up
+PROGRESS_EVERY_S = 1.0  # the child's progress messages while it decodes
 START_TIMEOUT_S = 600.0  # for the child to import torch and build the policy
 Fingerprint = list[tuple[str, float, float]]
 
@@ -58,7 +59,14 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
     policy, tokenizer = load_policy(cfg.model)
     policy.eval()
     t = cfg.train
-    sampler = HFSampler(policy, tokenizer, cfg.rollout.chunk_size, t.share_prefix, t.autocast)
+    last = [0.0]
+
+    def progress() -> None:  # at most one message a second: the parent's heartbeat follows decoding
+        if time.monotonic() - last[0] >= PROGRESS_EVERY_S:
+            last[0] = time.monotonic()
+            conn.send(("progress",))
+
+    sampler = HFSampler(policy, tokenizer, cfg.rollout.chunk_size, t.share_prefix, t.autocast, progress)
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -79,7 +87,8 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
 
 
 class ProcessSampler:
-    """A `Sampler` in a child process (see the module docstring). `threads`: the child's torch threads."""
+    """A `Sampler` in a child process (see the module docstring). `threads`: the child's torch threads;
+    `on_progress` is called while the child decodes (about once a second), as `HFSampler`'s is per step."""
 
     def __init__(self, cfg: Config, threads: int = 1, on_progress: Callable[[], None] | None = None) -> None:
         self.cfg, self.threads, self.on_progress = cfg, threads, on_progress
@@ -117,18 +126,22 @@ class ProcessSampler:
         return n
 
     def _wait(self, timeout_s: float, doing: str) -> Any:
-        """The child's next reply; EOFError when it died. Polls so that a dead child is noticed."""
+        """The child's next reply; EOFError when it died. Polls so that a dead child is noticed; the child's
+        progress messages (about one a second while it decodes) go to `on_progress`."""
         deadline = time.monotonic() + timeout_s
-        while not self._conn.poll(1.0):
-            if self.on_progress is not None:
-                self.on_progress()
-            if not self._proc.is_alive() and not self._conn.poll(0):
+        while True:
+            if self._conn.poll(1.0):
+                msg = self._conn.recv()
+                if msg[0] != "progress":
+                    return msg
+                if self.on_progress is not None:
+                    self.on_progress()
+            elif not self._proc.is_alive() and not self._conn.poll(0):
                 raise EOFError(f"the sampling process died while {doing} (exit code {self._proc.exitcode})")
             if time.monotonic() > deadline:
                 raise SamplerProcessError(
                     f"the sampling process did not answer within {timeout_s:g} s while {doing}"
                 )
-        return self._conn.recv()
 
     def _call(self, msg: tuple[Any, ...], doing: str) -> Any:
         """Send `msg` and return the child's answer, replacing a dead child (loaded with the last weights) and
