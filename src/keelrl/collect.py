@@ -73,6 +73,7 @@ def fill_pipeline(run: Run, state: TrainState) -> None:
         pipe.push(untied_state_dict(run.whole_policy(state)).items(), state.policy_version)
     for step in range(pipe.next_step, state.step + pipe.staleness + 1):
         pipe.submit(step, draw_episodes(run, state, step))
+    state.curriculum = run.source.state_dict()  # the draws are part of the state a checkpoint holds
 
 
 def restore_pipeline(run: Run, state: TrainState) -> None:

@@ -102,3 +102,16 @@ def test_a_killed_sampling_process_is_replaced_and_changes_nothing(
 
     assert without_replacements(run_dir) == without_replacements(async_runs[2])
     assert max(m.get("sampler/replaced_workers", 0) for m in metrics(run_dir)) == 1
+
+
+def test_a_run_resumed_from_its_first_checkpoint_equals_the_uninterrupted_run(
+    drill: Drill, tmp_path: Path, async_runs: AsyncRuns
+) -> None:
+    """train.steps = 0 leaves a checkpoint of step 0 whose queue holds the first k + 1 batches (drawn before
+    any step); continued to 8 steps, the run is the uninterrupted one: the problem source's cursor was saved
+    after those draws, so the next batch draws the next problems."""
+    run_dir = tmp_path / "run"
+    for steps in (0, 8):
+        done = drill.run(run_dir, staleness(2), f"train.steps={steps}", supervised=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_run(run_dir, async_runs[2])
