@@ -137,6 +137,12 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     ),
     "weights_leak_off_the_mask": (OFF, "algo).detach() * mask\n", "algo).detach()\n"),
     "mismatch_k3_sign": (OFF, "torch.exp(gap) - 1.0 - gap", "torch.exp(gap) - 1.0 + gap"),
+    "behaviour_clip_on_the_wrong_side": (
+        OFF,
+        "((adv > 0) & (rho > 1.0 + clip_high))",
+        "((adv < 0) & (rho > 1.0 + clip_high))",
+    ),
+    "behaviour_clip_bounds_swapped": (OFF, "(rho < 1.0 - clip_low)", "(rho < 1.0 - clip_high)"),
     "ess_without_n": (OFF, '(n * sums["sum_sq"])', 'sums["sum_sq"]'),
 }
 

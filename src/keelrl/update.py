@@ -18,7 +18,13 @@ from keelrl.algo.advantages import compute_advantages
 from keelrl.algo.logprobs import Autocast, LogprobModule, autocast_context
 from keelrl.algo.losses import token_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
-from keelrl.algo.offpolicy import add_sums, behaviour_metrics, correction_weights
+from keelrl.algo.offpolicy import (
+    add_sums,
+    behaviour_log_ratio,
+    behaviour_metrics,
+    behaviour_trust_region,
+    correction_weights,
+)
 from keelrl.config import AlgoConfig
 from keelrl.critic import ValueModel, critic_advantages, critic_backward
 from keelrl.distributed import (
@@ -342,6 +348,11 @@ def minibatch_backward(
                 is_w = is_w if a.correction != "off" else None
             else:
                 lp_old, is_w = mb.old_logprobs, mb.is_weights
+            trust = None
+            if is_w is not None and a.behaviour_clip:  # PPO's clip against the sampling policy, too
+                log_rho = behaviour_log_ratio(lp_old, mb.sampler_logprobs, mb.target_mask, a.correction_level)
+                trust = behaviour_trust_region(log_rho, mb.advantages, a.clip_low, a.clip_high)
+                is_w = is_w * trust
             w = token_weights(
                 mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens
             )  # [b, T] the loss's
@@ -351,6 +362,8 @@ def minibatch_backward(
             adv, mask = mb.advantages, mb.target_mask
             inputs = LossInputs(lp, ent, lp_old, adv, mask, w, mw, mb.ref_logprobs, is_w)
             loss, stats = compute_loss(inputs, a)
+            if trust is not None:
+                stats["clipfrac/behaviour"] = float(((1.0 - trust) * mw).sum())
             (loss * scale).backward()
         if critic is not None:  # its value loss, token-mean weighted like the metrics (critic.py)
             stats.update(critic_backward(critic, mb, mw, a, scale, autocast))

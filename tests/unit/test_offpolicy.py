@@ -15,7 +15,13 @@ import torch
 
 from keelrl.algo.losses import token_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
-from keelrl.algo.offpolicy import CORRECTIONS, add_sums, behaviour_metrics, correction_weights
+from keelrl.algo.offpolicy import (
+    CORRECTIONS,
+    add_sums,
+    behaviour_metrics,
+    behaviour_trust_region,
+    correction_weights,
+)
 from keelrl.config import AlgoConfig, ConfigError, load_config
 
 PROX = torch.tensor([[1.5, 2.5, 1.0], [0.9, 1.1, 100.0]]).log()
@@ -58,6 +64,18 @@ def test_a_sampler_that_agrees_needs_no_correction() -> None:
             close(w, MASK.tolist())
             m = behaviour_metrics(sums)
             assert m["behaviour/ess"] == 1.0 and m["mismatch/kl"] == 0.0 and m["behaviour/cut_frac"] == 0.0
+
+
+def test_behaviour_trust_region_drops_only_tokens_pushed_past_it() -> None:
+    """clip 0.2 / 0.28 around the sampler: row 0 (A > 0) rho [1.5, 2.5, 1.25]: 1.5 and 2.5 already rose past
+    1.28, dropped, 1.25 (past 1.2, not 1.28) kept; row 1 (A < 0) rho [0.75, 1.1, 0.9]: 0.75 already fell past
+    0.8, dropped; with the other signs everything is kept (the policy moved against the advantage: the gradient
+    corrects it)."""
+    log_rho = torch.tensor([[1.5, 2.5, 1.25], [0.75, 1.1, 0.9]]).log()
+    close(behaviour_trust_region(log_rho, torch.tensor([1.0, -1.0]), 0.2, 0.28), [[0, 0, 1], [0, 1, 1]])
+    close(behaviour_trust_region(log_rho, torch.tensor([-1.0, 1.0]), 0.2, 0.28), [[1, 1, 1], [1, 1, 1]])
+    per_token = torch.tensor([[1.0, -1.0, 0.0], [1.0, 1.0, 1.0]])  # gae: per-token advantages; A = 0 keeps
+    close(behaviour_trust_region(log_rho, per_token, 0.2, 0.28), [[0, 1, 1], [1, 1, 1]])
 
 
 def test_weights_multiply_each_tokens_policy_gradient() -> None:

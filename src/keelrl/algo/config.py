@@ -153,6 +153,14 @@ class AlgoConfig(BaseModel):
         "token",
         description="Where rho is taken: per token, or each sequence's geometric-mean ratio on all its tokens.",
     )
+    behaviour_clip: bool = Field(
+        True,
+        description=(
+            "With a correction on: also drop tokens whose probability already moved past [1 - clip_low, 1 + "
+            "clip_high] of the sampler's in the direction their advantage pushes (PPO's clip against the sampling "
+            "policy), so stale feedback cannot overshoot (algo/offpolicy.py)."
+        ),
+    )
     is_cap: float = Field(
         2.0, gt=1.0, description="correction = 'tis': the cap C of min(rho, C) (the TIS post's C ~ 2)."
     )

@@ -18,6 +18,13 @@ the data is, and the behaviour ratio rho = pi_prox / pi_behaviour multiplies eac
 At `algo.correction_level = "token"` rho is per token; at "sequence" it is each sequence's geometric-mean ratio
 exp(mean_t log rho_t), the same on all its tokens.
 
+`algo.behaviour_clip` (on by default, with every correction but off) adds PPO's clip against the behaviour
+policy (`behaviour_trust_region`): a token whose probability already moved past [1 - clip_low, 1 + clip_high]
+of the sampler's, in the direction its advantage pushes, is dropped. Stale feedback is late: without this, the
+update keeps pushing tokens the policy has already moved (and tis/decoupled weight those by rho > 1, more), and
+the updates overshoot; the demo's RL stage at k = 2 collapsed that way (docs/RESULTS.md). The proximal clip
+bounds one update's move, this one bounds the move since sampling.
+
 Default: tis at token level, C = 2. At k = 0 with the in-process sampler nothing is recomputed (the sampler's
 log-probs are the proximal policy's, rho = 1) and the loop is exactly the synchronous one. At k >= 1 truncation
 bounds each token's weight, so no stale sample dominates an update (the heavy-tailed ratios VCPO, arXiv
@@ -65,6 +72,21 @@ def behaviour_log_ratio(
     else:
         raise ValueError(f"unknown correction level {level!r}")
     return log_rho.clamp(-20.0, 20.0) * mask
+
+
+def behaviour_trust_region(
+    log_rho: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> torch.Tensor:
+    """[B, T] 1 = kept, 0 = dropped, without gradient: PPO's clip against the behaviour (sampling) policy, taken
+    at the proximal policy. A token is dropped when its probability already moved past the clip range since it
+    was sampled, in the direction its advantage pushes: A > 0 and rho > 1 + clip_high, or A < 0 and
+    rho < 1 - clip_low. Stale feedback then cannot push a token further than one trust region from where it
+    was sampled, while tokens that moved against their advantage keep their corrective gradient. `advantages`:
+    [B] (one per sequence) or [B, T]."""
+    adv = advantages[:, None].expand_as(log_rho) if advantages.ndim == 1 else advantages
+    rho = torch.exp(log_rho.detach())
+    past = ((adv > 0) & (rho > 1.0 + clip_high)) | ((adv < 0) & (rho < 1.0 - clip_low))
+    return (~past).to(log_rho.dtype)
 
 
 def decoupled(log_rho: torch.Tensor, algo: AlgoConfig) -> torch.Tensor:
