@@ -32,7 +32,13 @@ HAIR_TRIGGERS: dict[str, list[str]] = {
         "critical_nats=100.0",
         "min_rise=0.0",
     ],
-    "mismatch": ["window=1", "warn_kl=1e-12", "critical_kl=1.0"],
+    "mismatch": [
+        "window=1",
+        "warn_kl=1e-12",
+        "critical_kl=1.0",
+        "stale_warn_kl=1e-12",
+        "stale_critical_kl=1.0",
+    ],
     "length_collapse": ["baseline_steps=1", "window=2", "frac=0.9999", "critical_tokens=0.5"],
     "length_explosion": ["baseline_steps=1", "window=2", "factor=1.0001", "min_accuracy_gain=1.0"],
     "reward_collapse": [
@@ -52,7 +58,9 @@ HAIR_TRIGGERS: dict[str, list[str]] = {
     "ratio_outlier": ["max_ratio=1.000001"],
 }
 EXTRA = {
-    "mismatch": ['algo.old_logprobs="recompute"'],
+    # stale batches: a real gap (the policy moved since sampling); an in-process sampler agrees with the
+    # trainer to ~1e-14 in k3, too close to zero to trigger on
+    "mismatch": ["rollout.max_staleness=1"],
     "ratio_outlier": ["algo.ppo_epochs=2"],
     "entropy_explosion": ["algo.entropy_coef=1.0"],  # an entropy bonus that overwhelms the reward
 }
