@@ -86,6 +86,7 @@ def test_sigkill_and_resume_equals_the_uninterrupted_run(
     assert_same_run(run_dir, async_runs[k])
 
 
+@pytest.mark.slow  # 23 s
 def test_a_killed_sampling_process_is_replaced_and_changes_nothing(
     drill: Drill, tmp_path: Path, async_runs: AsyncRuns
 ) -> None:
@@ -104,6 +105,7 @@ def test_a_killed_sampling_process_is_replaced_and_changes_nothing(
     assert max(m.get("sampler/replaced_workers", 0) for m in metrics(run_dir)) == 1
 
 
+@pytest.mark.slow  # 35 s
 def test_a_run_resumed_from_its_first_checkpoint_equals_the_uninterrupted_run(
     drill: Drill, tmp_path: Path, async_runs: AsyncRuns
 ) -> None:
