@@ -184,7 +184,8 @@ class TrainConfig(Section):
             "Run the model's matmuls in bfloat16 (torch.autocast) while sampling and computing log-probs; weights, "
             "gradients, optimizer state and the log-softmax stay fp32. Faster on CPUs with AVX-512 BF16 / AMX and "
             "on GPUs, at a measured cost in log-prob accuracy (docs/throughput.md). The sampler's and the trainer's "
-            "bf16 log-probs differ more than fp32 ones: pair it with algo.old_logprobs = 'recompute' or algo.tis_cap."
+            "bf16 log-probs differ more than fp32 ones: pair it with algo.old_logprobs = 'recompute' (algo.correction "
+            "then corrects the gap)."
         ),
     )
     compile: bool = Field(

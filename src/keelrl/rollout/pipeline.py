@@ -13,8 +13,9 @@ Checkpoints. A save first waits for every submitted batch (`drain`) and stores t
 version and episodes (`TrainState.pipeline`): a restart cannot regenerate them, because the weights of the
 versions they need are gone. Nothing half-finished is stored, and a restored batch is checked against the
 schedule (its step and version). The pipeline runs k + 1 batches ahead whatever train.steps is, so that a run
-extended on resume continues exactly; the last checkpoint therefore samples k + 1 batches no step uses. A killed sampling process is replaced by the sampler itself, which reloads the
-last weights pushed (the ones the current batch needs) and redoes the batch from its start.
+extended on resume continues exactly; the last checkpoint therefore samples k + 1 batches no step uses. A killed
+sampling process is replaced by the sampler itself, which reloads the last weights pushed (the ones the current
+batch needs) and redoes the batch from its start.
 
 Metrics (`take`): time/trainer_wait_s, the time the trainer waited for its batch; time/sampler_wait_s, the time
 the sampler sat idle since the previous batch was taken, waiting for weights (the next version) to sample with.

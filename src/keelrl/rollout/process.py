@@ -54,7 +54,6 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
     torch.set_num_threads(threads)
     from keelrl.models import load_policy
     from keelrl.rollout.hf import HFSampler
-    from keelrl.rollout.weights import load_untied
 
     policy, tokenizer = load_policy(cfg.model)
     policy.eval()
@@ -77,8 +76,7 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
             if msg[0] == "stop":
                 return
             if msg[0] == "load":
-                load_untied(policy, msg[1])
-                sampler.update_weights(untied_state_dict(policy).items(), msg[2])
+                sampler.update_weights(msg[1], msg[2])  # loads them into the policy (load_untied)
                 conn.send(("ok", fingerprint(untied_state_dict(policy))))
             elif msg[0] == "generate":
                 conn.send(("ok", sampler.generate(*msg[1:])))
