@@ -3,8 +3,11 @@
 A checkpoint `checkpoints/step_XXXXXXXX/` is also a standard HF model directory (`from_pretrained` and
 `keelrl eval` read it as is) plus `trainer_state.pt` (optimizer, scheduler, RNG states), `state.json`
 (counters, curriculum/guard state, the resolved config, health) and `manifest.json` (sha256 and size of
-every file). A sharded (FSDP2) run resumes from `sharded/` (every rank's own shards, nothing gathered; see
-`distributed.save_sharded`); its `model.safetensors` is the sampler's whole-weights copy.
+every file). With LoRA (`model.lora`) it is a peft adapter directory instead of a model one:
+`adapter_model.safetensors` + `adapter_config.json`, the adapters only (the frozen base comes from `model.path`,
+its sha256 recorded in state.json as `lora_base` and checked on load; keelrl/lora.py). A sharded (FSDP2) run
+resumes from `sharded/` (every rank's own shards, nothing gathered; see `distributed.save_sharded`); its
+`model.safetensors` is the sampler's whole-weights copy.
 
 Commit protocol: everything is written under `checkpoints/.tmp-step_XXXXXXXX-PID-.../` (the ranks of a
 sharded run first write `sharded/` into a directory from `stage_dir`), each file fsynced,
@@ -38,8 +41,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
+from keelrl import lora
 from keelrl.distributed import is_sharded, load_sharded
-from keelrl.rollout.weights import WeightsMismatch, load_untied, untied_state_dict
+from keelrl.rollout.weights import WeightsMismatch, load_untied, tensors_sha256, untied_state_dict
 from keelrl.state import TrainState, capture_rng, restore_rng
 
 MANIFEST = "manifest.json"
@@ -73,6 +77,7 @@ class Snapshot:
     model_config: Any
     generation_config: Any
     tokenizer: PreTrainedTokenizerBase
+    adapter_config: dict[str, Any] | None = None  # LoRA: `weights` are the adapters (peft's file layout)
 
 
 def step_dir_name(step: int) -> str:
@@ -92,13 +97,9 @@ def _cpu_copy(obj: Any) -> Any:
 
 
 def weights_sha256(model: torch.nn.Module) -> str:
-    """Hash of the policy weights (names, dtypes, shapes and bytes, in name order): equal iff bit-identical."""
-    h = hashlib.sha256()
-    for name, t in sorted(untied_state_dict(model).items()):
-        t = t.detach().to("cpu").contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+    """Hash of the policy weights (names, dtypes, shapes and bytes, in name order): equal iff bit-identical. A LoRA
+    policy's hash covers its base weights and its adapters alike, under the policy's own names."""
+    return tensors_sha256(untied_state_dict(model))
 
 
 def snapshot(
@@ -112,7 +113,9 @@ def snapshot(
     """Copy everything a restart needs to CPU memory. A sharded run passes the whole-weights copy and, as
     `optimizer_state`, `{"format": "sharded", "with_state": ...}` (what `save_sharded` wrote)."""
     policy = whole_policy if whole_policy is not None else train_state.policy
-    weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in untied_state_dict(policy).items()}
+    adapter = lora.has_lora(policy)
+    tensors = lora.adapter_state_dict(policy) if adapter else untied_state_dict(policy)
+    weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
     if optimizer_state is None:
         optimizer_state = train_state.optimizer.state_dict()
     trainer = {
@@ -128,6 +131,8 @@ def snapshot(
             "optimizer": _cpu_copy(train_state.critic_optimizer.state_dict()),
         }
     state = {**train_state.counters(), "config": config, **extra}
+    if train_state.lora_base is not None:
+        state["lora_base"] = train_state.lora_base
     return Snapshot(
         step=train_state.step,
         weights=weights,
@@ -136,6 +141,9 @@ def snapshot(
         model_config=policy.config,
         generation_config=getattr(policy, "generation_config", None),
         tokenizer=tokenizer,
+        adapter_config=lora.adapter_config(policy, (train_state.lora_base or {}).get("path", ""))
+        if adapter
+        else None,
     )
 
 
@@ -196,10 +204,16 @@ def write_snapshot(
             if on_file is not None:
                 on_file(fname)
 
-        save_file(snap.weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        done(WEIGHTS)
-        snap.model_config.save_pretrained(tmp)
-        done("config.json")
+        if snap.adapter_config is not None:  # LoRA: a peft adapter directory (module docstring)
+            save_file(snap.weights, str(tmp / lora.ADAPTER_WEIGHTS), metadata={"format": "pt"})
+            done(lora.ADAPTER_WEIGHTS)
+            (tmp / lora.ADAPTER_CONFIG).write_text(json.dumps(snap.adapter_config, indent=2, default=str))
+            done(lora.ADAPTER_CONFIG)
+        else:
+            save_file(snap.weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            done(WEIGHTS)
+            snap.model_config.save_pretrained(tmp)
+            done("config.json")
         if snap.generation_config is not None:
             snap.generation_config.save_pretrained(tmp)
             done("generation_config.json")
@@ -327,6 +341,10 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
             f"{path} was saved by a sharded (FSDP2) run; resume it with distributed.strategy='fsdp2' under "
             "torchrun"
         )
+    if lora.has_lora(policy) or (path / lora.ADAPTER_WEIGHTS).is_file():
+        _load_adapter(path, train_state)
+        train_state.optimizer.load_state_dict(trainer["optimizer"])
+        return _restore_rest(path, train_state, trainer)
     device = next(policy.parameters()).device
     weights = load_file(str(path / WEIGHTS), device=str(device))
     try:
@@ -335,6 +353,36 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
         raise CheckpointError(f"{path} does not fit the policy: {err}") from None
     train_state.optimizer.load_state_dict(trainer["optimizer"])
     return _restore_rest(path, train_state, trainer)
+
+
+def _load_adapter(path: Path, train_state: TrainState) -> None:
+    """A LoRA checkpoint into a LoRA policy: the same base weights (sha256) and adapters of the same shapes."""
+    if not lora.has_lora(train_state.policy):
+        raise CheckpointError(
+            f"{path} holds LoRA adapters, but this run trains the whole policy; resume it with its model.lora settings"
+        )
+    if not (path / lora.ADAPTER_WEIGHTS).is_file():
+        raise CheckpointError(
+            f"{path} holds whole weights, but this run trains LoRA adapters; resume it without model.lora, or start a "
+            "new run directory"
+        )
+    saved = read_state(path).get("lora_base") or {}
+    mine = train_state.lora_base or {}
+    if saved.get("weights_sha256") != mine.get("weights_sha256"):
+        raise CheckpointError(
+            f"{path} holds LoRA adapters trained on other base weights: the checkpoint's base "
+            f"{saved.get('path')!r} has sha256 {str(saved.get('weights_sha256'))[:12]}..., this run's "
+            f"{mine.get('path')!r} {str(mine.get('weights_sha256'))[:12]}.... Adapters only make sense on their own "
+            "base: point model.path at the base they were trained on (unchanged), or start a new run directory."
+        )
+    try:
+        weights = lora.read_adapter(path)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointUnreadable(f"{lora.ADAPTER_WEIGHTS} does not load ({err})") from None
+    try:
+        lora.load_adapter(train_state.policy, weights)
+    except lora.LoraError as err:
+        raise CheckpointError(f"{path} does not fit the policy: {err}") from None
 
 
 def _restore_rest(path: Path, train_state: TrainState, trainer: dict[str, Any]) -> dict[str, Any]:

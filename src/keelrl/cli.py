@@ -20,6 +20,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from keelrl.monitor.doctor import DoctorError
     from keelrl.monitor.run_dir import RunDirError
     from keelrl.monitor.run_lock import RunLockedError
+    from keelrl.sft.data import DataError
     from keelrl.tasks import TaskError
     from keelrl.trainer import ResumeError
 
@@ -32,6 +33,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         DoctorError,
         RunLockedError,
         RunDirError,
+        DataError,
     )
 
 
@@ -81,6 +83,23 @@ def cmd_train(args: argparse.Namespace) -> int:
             "`torchrun --nproc-per-node N -m keelrl train CONFIG` yourself"
         )
     return cmd_worker(args)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    """`keelrl train` with train.stage = "sft" (so the supervisor's workers get it too)."""
+    args.set = ["train.stage=sft", *args.set]
+    return cmd_train(args)
+
+
+def cmd_rft(args: argparse.Namespace) -> int:
+    from keelrl.sft.rft import collect_correct
+
+    overrides = [*args.set, *([f"model.path={args.model}"] if args.model else [])]
+    cfg = load_config(args.config, overrides)
+    counts = collect_correct(cfg, args.out, args.problems, args.samples, args.per_problem)
+    print(json.dumps(counts))
+    print(f"next: keelrl sft {args.config} --set data.path={args.out}")
+    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -147,13 +166,7 @@ def cmd_fields(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="keelrl", description="RL post-training for language models on verifiable tasks."
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="train a policy with RL (config file + --set overrides)")
+def _add_train_options(t: argparse.ArgumentParser) -> None:
     t.add_argument("config", help="TOML config file (see configs/)")
     t.add_argument(
         "--set",
@@ -178,7 +191,39 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="train with N processes on this machine (torchrun under keelrl's supervisor; see [distributed])",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="keelrl", description="RL post-training for language models on verifiable tasks."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a policy with RL (config file + --set overrides)")
+    _add_train_options(t)
     t.set_defaults(func=cmd_train)
+    s = sub.add_parser(
+        "sft",
+        help="supervised fine-tuning on [data] (data.path: JSONL/Parquet/Arrow, or a run dir's correct rollouts)",
+    )
+    _add_train_options(s)
+    s.set_defaults(func=cmd_sft)
+    rf = sub.add_parser(
+        "rft",
+        help="rejection sampling: sample the task's training problems, keep the correct completions (JSONL)",
+    )
+    rf.add_argument("config", help="TOML config file: the task, model and rollout settings to sample with")
+    rf.add_argument(
+        "--out", required=True, help="JSONL file to write ({problem, completion, reward} per line)"
+    )
+    rf.add_argument("--model", help="sample this model instead of model.path (e.g. RUN/final)")
+    rf.add_argument("--problems", type=int, default=1000, help="training problems to sample")
+    rf.add_argument("--samples", type=int, default=8, help="completions per problem")
+    rf.add_argument(
+        "--per-problem", type=int, default=2, help="distinct correct completions kept per problem"
+    )
+    rf.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    rf.set_defaults(func=cmd_rft)
 
     w = sub.add_parser("worker", help=argparse.SUPPRESS)  # what the supervisor runs
     w.add_argument("config")

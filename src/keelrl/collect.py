@@ -13,12 +13,12 @@ import torch
 
 from keelrl.curriculum import GroupOutcome, fill_batch, has_signal, refill_budget_prompts, task_metrics
 from keelrl.distributed import all_gather_list, all_reduce_sum
+from keelrl.lora import sampler_weights
 from keelrl.monitor.traces import is_repetitive
 from keelrl.rollout import Rollout
 from keelrl.rollout.episodes import Episode, generate, score
 from keelrl.rollout.pipeline import staleness_metrics
 from keelrl.rollout.types import is_truncated
-from keelrl.rollout.weights import untied_state_dict
 from keelrl.run import ResumeError, Run
 from keelrl.seeds import stable_hash
 from keelrl.state import TrainState
@@ -70,7 +70,8 @@ def fill_pipeline(run: Run, state: TrainState) -> None:
     if pipe is None:
         return
     if pipe.pushed_version != state.policy_version:
-        pipe.push(untied_state_dict(run.whole_policy(state)).items(), state.policy_version)
+        # the pipeline's sampler holds its own copy of the base architecture (LoRA: the merged weights)
+        pipe.push(sampler_weights(run.whole_policy(state)).items(), state.policy_version)
     for step in range(pipe.next_step, state.step + pipe.staleness + 1):
         pipe.submit(step, draw_episodes(run, state, step))
     state.curriculum = run.source.state_dict()  # the draws are part of the state a checkpoint holds

@@ -17,7 +17,9 @@ from keelrl.config_checks import check_batch_arithmetic, check_engine, check_off
 from keelrl.config_load import ConfigError as ConfigError  # re-exported: the error callers catch
 from keelrl.config_load import apply_overrides, read_toml, validate
 from keelrl.guards.rules import GuardsConfig
+from keelrl.lora_config import LoraConfig as LoraConfig  # re-exported: its home is lora_config.py
 from keelrl.rollout.vllm_config import VLLMConfig
+from keelrl.sft.config import DataConfig as DataConfig  # re-exported: its home is sft/config.py
 
 
 class Section(BaseModel):
@@ -77,6 +79,10 @@ class ModelConfig(Section):
             "transformers' choice (sdpa where available). On CPU with short sequences 'eager' is faster, most of all "
             "under bf16 and train.compile: SDPA's CPU flash-attention backward dominates there (docs/throughput.md)."
         ),
+    )
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters (model.lora.rank > 0): train them instead of the whole policy.",
     )
 
 
@@ -160,7 +166,16 @@ class EpisodeConfig(Section):
 
 
 class TrainConfig(Section):
-    steps: int = Field(100, ge=0, description="Number of RL steps (each samples one batch).")
+    stage: Literal["rl", "sft"] = Field(
+        "rl",
+        description=(
+            "What a step does: rl samples, scores and updates (the default); sft takes data.batch_size examples "
+            "of [data] and minimises their answers' negative log-likelihood (`keelrl sft` sets it)."
+        ),
+    )
+    steps: int = Field(
+        100, ge=0, description="Number of steps (RL: each samples one batch; SFT: one data batch)."
+    )
     micro_batch_size: int = Field(
         16, ge=1, description="Sequences per forward/backward pass; does not change the update."
     )
@@ -495,6 +510,9 @@ class Config(Section):
         default_factory=VLLMConfig, description="The vLLM engine (rollout.engine = 'vllm')."
     )
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm settings.")
+    data: DataConfig = Field(
+        default_factory=DataConfig, description="Supervised fine-tuning data (train.stage = 'sft')."
+    )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Loop settings.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")

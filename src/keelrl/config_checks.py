@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 def check_batch_arithmetic(cfg: Config, world_size: int) -> None:
     """Raise ValueError spelling out the arithmetic when batch settings do not fit together."""
     r, a, t = cfg.rollout, cfg.algo, cfg.train
+    if t.stage == "sft":
+        return check_sft(cfg, world_size)
     if r.batch_size % r.group_size:
         raise ValueError(
             f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size} "
@@ -81,4 +83,28 @@ def check_off_policy(cfg: Config) -> None:
             f"rollout.max_staleness = {k} with rollout.engine = 'vllm' is not supported yet: the asynchronous sampler "
             "is a transformers process of its own (or, with distributed.sampler = 'ray', transformers actors). Use "
             "rollout.engine = 'hf'."
+        )
+
+
+def check_sft(cfg: Config, world_size: int) -> None:
+    """train.stage = "sft": data to train on, examples that split over the ranks, and no RL-only machinery
+    that SFT would silently ignore."""
+    d = cfg.data
+    if not d.path:
+        raise ValueError(
+            "train.stage = 'sft' needs data.path (a JSONL/Parquet/Arrow file, or --set data.path=FILE)"
+        )
+    if d.batch_size % world_size:
+        raise ValueError(
+            f"data.batch_size={d.batch_size} examples cannot be split evenly over {world_size} ranks "
+            f"({d.batch_size} / {world_size} = {d.batch_size / world_size:g})."
+        )
+    refused = {
+        "rollout.max_staleness": cfg.rollout.max_staleness != 0,
+        "algo.kl_coef": cfg.algo.kl_coef > 0,
+        "algo.advantage = 'gae'": cfg.algo.advantage == "gae",
+    }
+    if bad := [k for k, on in refused.items() if on]:
+        raise ValueError(
+            f"train.stage = 'sft' does not use {', '.join(bad)} (RL settings); remove them from the SFT config"
         )

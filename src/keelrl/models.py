@@ -231,6 +231,12 @@ def load_local_dir(
         raise ModelLoadError(
             f"{path} is a run directory, not a model; did you mean {path}/checkpoints/latest or {path}/final?"
         )
+    if not (resolved / "config.json").is_file() and (resolved / "adapter_config.json").is_file():
+        raise ModelLoadError(
+            f"{path} holds LoRA adapters only (a keelrl LoRA checkpoint or a peft adapter), not a model. Use the "
+            "run's final/ directory (base + adapters merged), or load its base and the adapters with peft "
+            "(peft.PeftModel.from_pretrained(base, path))."
+        )
     if not (resolved / "config.json").is_file():
         raise ModelLoadError(f"{path} is not a model directory: it has no config.json.")
     try:

@@ -26,6 +26,7 @@ from keelrl.config import config_to_dict
 from keelrl.distributed import all_gather_list, broadcast_object, is_sharded, save_sharded
 from keelrl.guards.base import Finding
 from keelrl.guards.engine import Guardian
+from keelrl.lora import has_lora, lora_summary, merged_model, save_adapter_dir
 from keelrl.models import model_summary, save_hf_dir
 from keelrl.run import CheckpointStop, GuardStop, Run
 from keelrl.state import TrainState
@@ -107,6 +108,8 @@ def collect_saves(run: Run) -> None:
             path=path.name,
             reason=snap.state.get("reason"),
             seconds=round(written_s, 3),
+            bytes=sum(int(f["bytes"]) for f in ckpt.read_manifest(path)["files"].values()),
+            adapter_only=snap.adapter_config is not None,
             deleted=[p.name for p in deleted],
         )
         run.report_status(last_checkpoint=path.name)
@@ -323,7 +326,12 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
     if run.world.is_writer:
         policy = run.whole_policy(state)
         try:
-            save_hf_dir(policy, run.tokenizer, run.run_dir.final_dir)
+            if has_lora(policy):  # final/: merged HF weights; final/adapter/: the peft adapter (lora.py)
+                base = (state.lora_base or {}).get("path", cfg.model.path)
+                save_hf_dir(merged_model(policy), run.tokenizer, run.run_dir.final_dir)
+                save_adapter_dir(policy, run.run_dir.final_dir / "adapter", base)
+            else:
+                save_hf_dir(policy, run.tokenizer, run.run_dir.final_dir)
         except ckpt.WRITE_ERRORS as err:
             run.report_status(state="stopped", step=state.step)
             raise CheckpointStop(
@@ -346,6 +354,7 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
             "final_dir": str(run.run_dir.final_dir),
             "wall_seconds": time.time() - run.started,
             "model": model_summary(policy),
+            **({"lora": {**lora_summary(policy), "base": state.lora_base}} if has_lora(policy) else {}),
             "checkpoint_stalls": [
                 {"step": st, "stall_s": round(a, 4), "total_s": round(b, 4)}
                 for st, a, b in run.live.save_stalls

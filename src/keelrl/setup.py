@@ -25,6 +25,7 @@ from keelrl.curriculum import make_source
 from keelrl.distributed import World, broadcast_object, init_world, wrap_for_training
 from keelrl.faults import FaultInjector
 from keelrl.guards.engine import Guardian
+from keelrl.lora import apply_lora
 from keelrl.models import compile_decoder, load_policy
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.run_lock import RunLock, RunLockedError, hold
@@ -34,6 +35,7 @@ from keelrl.rollout.episodes import Prompter
 from keelrl.rollout.pipeline import Pipeline, ProgressCount
 from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus
 from keelrl.run import Live, ResumeError, Run
+from keelrl.sft.step import load_sft_data
 from keelrl.state import TrainState
 from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, pulse
 from keelrl.tasks import get_task
@@ -123,7 +125,14 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             f"train.compile is for a single process; this run has {world.world_size} ranks. Turn it off "
             "(DDP / FSDP2 with a compiled decoder is not tested in keelrl yet)."
         )
+    if cfg.model.lora.rank and world.world_size > 1 and cfg.distributed.strategy == "fsdp2":
+        raise ValueError(
+            "model.lora with distributed.strategy = 'fsdp2' is not built; use 'ddp' (the optimizer state of "
+            "adapters is small, so sharding it saves little)"
+        )
     policy, tokenizer = load_policy(cfg.model)
+    # LoRA: adapters in, base frozen, before wrapping and the optimizer (keelrl/lora.py)
+    lora_base = apply_lora(policy, cfg.model.lora, cfg.model.path) if cfg.model.lora.rank else None
     policy.to(world.device)
     policy.eval()  # dropout off: updates are deterministic on CPU, which makes resume bit-exact
     if cfg.train.compile:
@@ -160,6 +169,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             ref_policy=ref,
             critic=critic,
             critic_optimizer=critic_opt,
+            lora_base=lora_base,
         )
         source = make_source(task, cfg.curriculum, cfg.train.seed)
         restore_or_start(run_dir, state, resume, config_dict)
@@ -228,6 +238,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             if c.async_save
             else None,
             pipeline=pipeline,
+            sft_data=load_sft_data(cfg, tokenizer, task, template) if cfg.train.stage == "sft" else None,
         )
         sync_sampler(run, state, state.step)
         if pipeline is not None:

@@ -34,6 +34,9 @@ class TrainState:
     # rollout.max_staleness >= 1: per rank, the batches submitted ahead, sampled (rollout/pipeline.py); saved in
     # trainer_state.pt
     pipeline: list[list[dict[str, Any]]] = field(default_factory=list)
+    # model.lora: the base model the adapters sit on, {"path", "weights_sha256"} (keelrl/lora.py); rebuilt at
+    # setup, recorded in every checkpoint, and a resume onto another base is refused
+    lora_base: dict[str, str] | None = None
 
     def counters(self) -> dict[str, Any]:
         """The JSON part of the state (the tensors are saved separately)."""

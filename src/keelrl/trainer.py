@@ -3,7 +3,8 @@
     collect (sample -> score -> refill) -> advantages -> update -> metrics -> guards -> eval -> checkpoint
 
 `setup` builds a `Run` and a `TrainState` (run.py); each phase is one call into the module named after it:
-collect.py, update.py, recovery.py. docs/ARCHITECTURE.md draws the data flow of one step.
+collect.py, update.py, recovery.py. docs/ARCHITECTURE.md draws the data flow of one step. With
+`train.stage = "sft"` the same loop runs a supervised step instead (`STEPS`, sft/step.py).
 
 Where this departs from the usual GRPO trainer, and why:
 - Old-policy log-probs come from the sampler by default (`algo.old_logprobs = "sampler"`): the in-process
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from keelrl.recovery import (
 )
 from keelrl.run import GuardStop, ResumeError, Run, RunStop
 from keelrl.setup import ResumeMode, setup, shutdown_engines
+from keelrl.sft.step import held_out_loss, sft_step
 from keelrl.state import TrainState
 from keelrl.supervisor import install_heartbeat
 from keelrl.update import advantage_phase, prepare_batch, update_phase
@@ -54,14 +57,17 @@ __all__ = ["GuardStop", "ResumeError", "setup", "train", "train_step"]
 
 
 def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dict[str, Any]:
-    """Run (or resume) RL training into `run_path`; returns summary.json's content ({"state": "preempted"}
-    after a SIGTERM)."""
+    """Run (or resume) training into `run_path` (RL, or SFT with train.stage = "sft": the same loop with
+    another step, `STEPS`); returns summary.json's content ({"state": "preempted"} after a SIGTERM)."""
     run, state = setup(cfg, run_path, resume)
     world = run.world
     if run.console is not None:
+        on = f"{cfg.task.name} [{run.prompter.template}]"
+        if run.sft_data is not None:
+            on = f"SFT data {cfg.data.path}: {run.sft_data.describe()}"
         run.console.message(
             f"keelrl: {cfg.model.path} ({model_summary(state.policy)['parameters'] / 1e6:.2f}M params) on "
-            f"{cfg.task.name} [{run.prompter.template}], {cfg.train.steps} steps, run dir {run.run_dir.path}; {world.describe()}"
+            f"{on}, {cfg.train.steps} steps, run dir {run.run_dir.path}; {world.describe()}"
         )
     previous_handler = install_sigterm(run)
     install_heartbeat(run.heartbeat)
@@ -80,7 +86,7 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
             # a rollback target in case trouble starts at once
             save_checkpoint(run, state, state.last_eval, "initial")
         while state.step < cfg.train.steps:
-            metrics = train_step(run, state)
+            metrics = STEPS[cfg.train.stage](run, state)
             if is_eval_step(cfg, state.step):
                 run.heartbeat.beat(phase="eval")
                 metrics.update(eval_phase(run, state))
@@ -169,6 +175,10 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     return metrics
 
 
+# What one step of the loop does, by train.stage
+STEPS: dict[str, Callable[[Run, TrainState], dict[str, float]]] = {"rl": train_step, "sft": sft_step}
+
+
 def log_step(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
     # rank 0's record everywhere (times differ between ranks), so every rank's guards see the same history
     record = broadcast_object({"step": state.step, "time": time.time(), **metrics}, run.world)
@@ -190,6 +200,16 @@ def eval_phase(run: Run, state: TrainState) -> dict[str, float]:
 
 
 def _eval_metrics(run: Run, state: TrainState) -> dict[str, float]:
+    cfg = run.cfg
+    if (
+        run.sft_data is not None
+    ):  # SFT: the held-out loss, and the task's accuracy unless data.task_eval is off
+        held_out = {f"eval/{k}": v for k, v in held_out_loss(run, state).items()}
+        return held_out if not cfg.data.task_eval else {**held_out, **_task_eval(run, state)}
+    return _task_eval(run, state)
+
+
+def _task_eval(run: Run, state: TrainState) -> dict[str, float]:
     cfg = run.cfg
     results = run_eval(
         sampler=run.sampler,

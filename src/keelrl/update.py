@@ -10,6 +10,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -36,6 +37,7 @@ from keelrl.distributed import (
     grad_sync,
     loss_scale,
 )
+from keelrl.guards.base import Finding
 from keelrl.guards.step import check_update
 from keelrl.rollout import Rollout
 from keelrl.run import Run
@@ -262,34 +264,16 @@ def update_phase(
                 run.cfg.guards,
             )
             if finding is not None and finding.action == "skip":
-                state.optimizer.zero_grad(set_to_none=True)
-                if critic_opt is not None:
-                    critic_opt.zero_grad(set_to_none=True)
                 skipped += 1
                 nonfinite += finding.name == "nonfinite"
-                run.live.escalate = run.live.guardian.record_skip(state.step + 1) or run.live.escalate
-                run.event(
-                    "skip",
-                    state.step + 1,
-                    rule=finding.name,
-                    evidence=finding.evidence,
-                    message=finding.message,
-                    epoch=epoch,
-                    minibatch=m,
-                )
+                skip_update(run, state, finding, epoch=epoch, minibatch=m)
                 continue
             if not warmup:
                 state.optimizer.step()
             if critic is not None and critic_opt is not None:
                 sums["critic/grad_norm"] += grad_norm_and_clip(critic, a.grad_clip)
                 critic_opt.step()
-    with warnings.catch_warnings():
-        # The schedule follows the RL step, skipped updates included, so that a guard's skip (or a resume)
-        # never shifts the learning rate; PyTorch warns when the run's first optimizer step was skipped.
-        warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
-        state.scheduler.step()
-    state.policy_version += 1
-    sync = sync_sampler(run, state, state.step + 1)
+    sync = end_of_step(run, state)
     passes = a.ppo_epochs * a.minibatches
     out = {k: v / passes for k, v in sums.items()}
     out["ratio/max"] = ratio_max
@@ -300,6 +284,30 @@ def update_phase(
         out["critic/warmup"] = float(warmup)
     out.update(sync)
     return out
+
+
+def skip_update(run: Run, state: TrainState, finding: Finding, **where: Any) -> None:
+    """Drop the gradients of an update a per-step guard judged unsafe (the step still counts), and record it:
+    an event, and a skip that escalates to a rollback when they come too often."""
+    state.optimizer.zero_grad(set_to_none=True)
+    if state.critic_optimizer is not None:
+        state.critic_optimizer.zero_grad(set_to_none=True)
+    run.live.escalate = run.live.guardian.record_skip(state.step + 1) or run.live.escalate
+    run.event(
+        "skip", state.step + 1, rule=finding.name, evidence=finding.evidence, message=finding.message, **where
+    )
+
+
+def end_of_step(run: Run, state: TrainState) -> dict[str, float]:
+    """After a step's updates: the learning-rate schedule and the policy version advance, and the sampler
+    gets the new weights (checked where the engine holds a copy). Returns the weight sync's metrics."""
+    with warnings.catch_warnings():
+        # The schedule follows the step, skipped updates included, so that a guard's skip (or a resume)
+        # never shifts the learning rate; PyTorch warns when the run's first optimizer step was skipped.
+        warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+        state.scheduler.step()
+    state.policy_version += 1
+    return sync_sampler(run, state, state.step + 1)
 
 
 def minibatch_backward(

@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from keelrl.distributed import full_state_dict, is_sharded
+from keelrl.lora import has_lora, merged_state_dict
 from keelrl.rollout import SamplingSettings, render_prompt
 from keelrl.rollout.sync_check import SyncGap, logprob_gap, trainer_logprobs
 from keelrl.rollout.types import CheckedSampler
@@ -85,7 +86,11 @@ def push(run: Run, state: TrainState, drill: str | None) -> None:
         run.sampler_model.load_state_dict(full_state_dict(state.policy))
     if drill == "skip":
         return
-    weights = untied_state_dict(run.sampler_model).items()
+    model = run.sampler_model
+    # a LoRA policy: an engine with its own copy of the base architecture gets base + adapters merged; the
+    # in-process sampler samples the policy itself (its own tensors: nothing is copied)
+    merge = has_lora(model) and getattr(run.sampler, "model", None) is not model
+    weights = (merged_state_dict(model) if merge else untied_state_dict(model)).items()
     if drill == "stale_prefix_cache":
         cast(CheckedSampler, run.sampler).update_weights(
             weights, state.policy_version, reset_prefix_cache=False

@@ -112,6 +112,36 @@ def test_two_processes_equal_one(
         _assert_sharded_checkpoints(tmp_path / "multi")
 
 
+@pytest.mark.slow  # 40 s: three processes on two cores
+def test_sft_two_processes_equal_one(
+    format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    """SFT under torchrun (ddp): each rank takes every second example of a step, the loss weights use the
+    global token count, so two processes make the update of one."""
+    data = tmp_path / "products.jsonl"
+    rows = [
+        {"problem": {"a": a, "b": b}, "completion": f"<answer>{a * b}</answer>"}
+        for a in range(1, 10)
+        for b in range(1, 10)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sft = ['train.stage="sft"', f'data.path="{data}"', "data.batch_size=16", "data.packing=true"]
+    _run(_argv(tmp_path / "single", format_run, *sft))
+    _run(_argv(tmp_path / "multi", format_run, *sft, nproc=2))
+    ms, mm = _metrics(tmp_path / "single"), _metrics(tmp_path / "multi")
+    assert (
+        [m["step"] for m in ms if "loss/nll" in m]
+        == [m["step"] for m in mm if "loss/nll" in m]
+        == [1, 2, 3, 4]
+    )
+    for a, b in zip(ms, mm):
+        for key in ("loss/total", "loss/nll", "tokens/trained"):
+            if key in a:
+                assert abs(a[key] - b[key]) <= 1e-6, (a["step"], key, a[key], b[key])
+    ws, wm = _weights(tmp_path / "single"), _weights(tmp_path / "multi")
+    assert _max_diff(ws, initial) > 1e-4 and _max_diff(ws, wm) <= 1e-6
+
+
 @pytest.mark.slow  # 90 s: four processes on two cores
 def test_two_processes_equal_one_asynchronously(
     format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path

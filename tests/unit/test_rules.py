@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 from keelrl.guards.base import SEVERITY_RANK, Finding, head, metric_value, robust_z, tail
 from keelrl.guards.engine import check, scan, strongest_action
 from keelrl.guards.rules import RULES, GuardsConfig
-from keelrl.guards.rules.numerics import grad_spike
+from keelrl.guards.rules.numerics import grad_spike, loss_spike
 from keelrl.guards.rules.process import stalled
 
 CFG = GuardsConfig()
@@ -164,6 +165,26 @@ def test_grad_spike_works_before_the_optimizer_step() -> None:
     h = healthy(40)
     assert grad_spike([*h, {"step": 41, "grad_norm": 5.0}], CFG.grad_spike) is not None
     assert grad_spike([*h, {"step": 41, "grad_norm": 0.31}], CFG.grad_spike) is None
+
+
+def sft_history(n: int) -> list[dict]:
+    """An SFT run's records: loss/nll falling slowly from 2.0 with +-3% batch noise."""
+    return [{"step": s, "loss/nll": 2.0 * 0.99**s * (1 + 0.03 * ((-1) ** s))} for s in range(1, n + 1)]
+
+
+def test_loss_spike_fires_on_a_jump_and_is_quiet_on_a_healthy_sft_run() -> None:
+    h = sft_history(40)
+    assert loss_spike(h, CFG.loss_spike) is None
+    assert not [f for f in check(h) if f.name == "loss_spike"]
+    spiked = [*h, {"step": 41, "loss/nll": 3.0}]  # 2.3x the window median (~1.3)
+    f = loss_spike(spiked, CFG.loss_spike)
+    assert f is not None and (f.severity, f.action) == ("critical", "skip")
+    assert f.evidence["ratio"] == pytest.approx(
+        3.0 / statistics.median(x["loss/nll"] for x in h[-20:]), rel=1e-3
+    )
+    assert loss_spike([*h, {"step": 41, "loss/nll": 1.8}], CFG.loss_spike) is None  # 1.4x: under min_ratio
+    assert loss_spike([*h, {"step": 41, "loss/nll": float("nan")}], CFG.loss_spike) is None  # nonfinite's job
+    assert loss_spike(healthy(40), CFG.loss_spike) is None  # an RL run logs no loss/nll
 
 
 def test_exact_zero_severity_depends_on_whether_rewards_vary() -> None:
@@ -486,3 +507,12 @@ def test_turn_budget() -> None:
     f = only(check(set_from(h, 110, episode__end__turns=0.95)), "turn_budget")
     assert f.severity == "warning" and f.evidence["turns_frac"] == pytest.approx(0.95)
     assert all(f.name != "turn_budget" for f in check(set_from(h, 110, episode__end__turns=0.85)))
+
+
+def test_grad_spike_leaves_sft_runs_to_loss_spike() -> None:
+    """An SFT record (it has loss/nll) with a 30x gradient norm and a flat loss: no grad_spike finding."""
+    h = [{**r, "grad_norm": 0.07} for r in sft_history(40)]
+    spiked = [*h, {"step": 41, "loss/nll": h[-1]["loss/nll"], "grad_norm": 2.2}]
+    assert grad_spike(spiked, CFG.grad_spike) is None
+    rl = [{k: v for k, v in r.items() if k != "loss/nll"} for r in spiked]
+    assert grad_spike(rl, CFG.grad_spike) is not None  # the same numbers in an RL run do fire

@@ -183,6 +183,17 @@ def _shared_prefix_forward(model: PreTrainedModel, plan: PrefixPlan, plain_head:
     return out.logits[plan.suffix_scored]
 
 
+def block_causal_mask(documents: torch.Tensor) -> torch.Tensor:
+    """documents [B, T] -> attention mask [B, 1, T, T] (True = may attend): causal within each document;
+    a padding position (-1) attends to itself only, so no softmax row is empty."""
+    T = documents.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=documents.device).tril()  # [T, T]
+    same = documents[:, :, None] == documents[:, None, :]  # [B, T, T]
+    own = torch.eye(T, dtype=torch.bool, device=documents.device)[None]  # [1, T, T]
+    valid = (documents >= 0)[:, :, None]  # [B, T, 1]
+    return ((same & causal & valid) | own)[:, None]
+
+
 def completion_logprobs(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -192,26 +203,33 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     share_prefix: bool = True,
+    documents: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Right-padded input_ids/attention_mask [B, T]; target_mask [B, T] marks positions t whose *next*
     token input_ids[:, t + 1] is a completion token to score. Returns (logprobs [B, T], entropy [B, T] or
     None), zero where target_mask is 0. The entropy carries a gradient only when `entropy_grad`.
-    `share_prefix` runs rows' common prefixes once (see the module docstring); the result is the same."""
+    `share_prefix` runs rows' common prefixes once (see the module docstring); the result is the same.
+    Packed rows (SFT): `documents` [B, T] (the sequence each position belongs to, -1 padding) and `positions`
+    [B, T] (its position in that sequence); each position then attends only to its own sequence."""
     B, T = input_ids.shape
     pos = target_mask.bool()
     pos[:, -1] = False  # the last position has no next token
     targets = input_ids[:, 1:][pos[:, :-1]]  # [N]
     plain = _head_is_plain(model)
     plan = None
-    if share_prefix and supports_prefix_sharing(model):
+    kwargs: dict[str, torch.Tensor] = {"attention_mask": attention_mask}
+    if documents is not None:
+        kwargs = {"attention_mask": block_causal_mask(documents), "position_ids": positions}
+    elif share_prefix and supports_prefix_sharing(model):
         plan = plan_prefix_sharing(input_ids, attention_mask, pos)
     if plan is not None:
         logits = _shared_prefix_forward(model, plan, plain)  # [N, V]
     elif plain:
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = model.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state
         logits = scored_logits(model, hidden, pos)  # [N, V]
     else:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[pos]
+        logits = model(input_ids=input_ids, **kwargs).logits[pos]
     logp = torch.zeros(B, T, dtype=torch.float32, device=input_ids.device)
     logp[pos] = logprobs_from_logits(logits, targets, temperature)
     ent = None
@@ -239,6 +257,8 @@ class LogprobModule(torch.nn.Module):
         with_entropy: bool = False,
         entropy_grad: bool = False,
         share_prefix: bool = True,
+        documents: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return completion_logprobs(
             self.model,
@@ -249,4 +269,6 @@ class LogprobModule(torch.nn.Module):
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             share_prefix=share_prefix,
+            documents=documents,
+            positions=positions,
         )

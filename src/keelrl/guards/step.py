@@ -1,6 +1,7 @@
 """Per-step checks: `check_update` judges one update before the optimizer applies it (a non-finite loss or
-gradient, a gradient-norm spike, an exactly-zero gradient while advantages are not, an importance ratio far
-outside the trust region): the windowed rules of rules/numerics.py, applied to the update about to happen.
+gradient, a gradient-norm or SFT loss spike, an exactly-zero gradient while advantages are not, an
+importance ratio far outside the trust region): the windowed rules of rules/numerics.py, applied to the
+update about to happen.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 
 from keelrl.guards.base import Finding, Record, finding
 from keelrl.guards.rules import GuardsConfig
-from keelrl.guards.rules.numerics import grad_spike, nonfinite, ratio_outlier
+from keelrl.guards.rules.numerics import grad_spike, loss_spike, nonfinite, ratio_outlier
 
 
 def check_update(
@@ -20,15 +21,21 @@ def check_update(
     ratio_max: float,
     advantage_abs_mean: float,
     cfg: GuardsConfig,
+    nll: float | None = None,
 ) -> Finding | None:
-    """The finding that says to skip this update, or None (always, with guards off)."""
+    """The finding that says to skip this update, or None (always, with guards off). `nll`: SFT's per-token
+    loss, judged by loss_spike."""
     if not cfg.enabled:
         return None
     rec = {"step": step, "loss/total": loss, "grad_norm": grad_norm}
+    if nll is not None:
+        rec["loss/nll"] = nll
     # Both rules report critical findings only.
     if cfg.nonfinite.enabled and (f := nonfinite([rec], cfg.nonfinite)) is not None:
         return f
     if cfg.grad_spike.enabled and (f := grad_spike([*history, rec], cfg.grad_spike)) is not None:
+        return f
+    if cfg.loss_spike.enabled and (f := loss_spike([*history, rec], cfg.loss_spike)) is not None:
         return f
     # Judged on the advantages, not on the batch's rewards: groups that are each all-right or all-wrong make
     # rewards vary across the batch with every advantage 0, and a zero gradient is then correct (measured:

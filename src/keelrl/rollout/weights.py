@@ -3,6 +3,7 @@ of the same architecture (a sampler's, a Ray actor's, a checkpoint's) and re-tie
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -26,6 +27,16 @@ def untied_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             seen.add(t.data_ptr())
             out[name] = t
     return out
+
+
+def tensors_sha256(named: Mapping[str, torch.Tensor]) -> str:
+    """Hash of named tensors (names, dtypes, shapes and bytes, in name order): equal iff bit-identical."""
+    h = hashlib.sha256()
+    for name, t in sorted(named.items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def load_untied(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:

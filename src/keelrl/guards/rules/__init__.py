@@ -31,6 +31,7 @@ RuleFn = Callable[[Sequence[Record], Any], "Finding | None"]
 RULES: dict[str, RuleFn] = {
     "nonfinite": numerics.nonfinite,
     "grad_spike": numerics.grad_spike,
+    "loss_spike": numerics.loss_spike,
     "exact_zero": numerics.exact_zero,
     "kl_blowup": numerics.kl_blowup,
     "mismatch": numerics.mismatch,
@@ -50,9 +51,9 @@ RULES: dict[str, RuleFn] = {
     "turn_budget": episode.turn_budget,
 }
 # Rules about one step: judged at every record when scanning (a windowed rule may be judged less often).
-POINTWISE = ("nonfinite", "grad_spike", "exact_zero")
+POINTWISE = ("nonfinite", "grad_spike", "loss_spike", "exact_zero")
 # Incidents the run can move past: `scan` reports a stretch of these that has ended one level lower.
-TRANSIENT = ("nonfinite", "grad_spike", "throughput_drop")
+TRANSIENT = ("nonfinite", "grad_spike", "loss_spike", "throughput_drop")
 
 
 class GuardsConfig(BaseModel):
@@ -84,6 +85,7 @@ class GuardsConfig(BaseModel):
     # the rules, one section each, named as in RULES (stalled: doctor only)
     nonfinite: numerics.NonfiniteThresholds = section(numerics.NonfiniteThresholds)
     grad_spike: numerics.GradSpikeThresholds = section(numerics.GradSpikeThresholds)
+    loss_spike: numerics.LossSpikeThresholds = section(numerics.LossSpikeThresholds)
     exact_zero: numerics.ExactZeroThresholds = section(numerics.ExactZeroThresholds)
     entropy_collapse: policy.EntropyCollapseThresholds = section(policy.EntropyCollapseThresholds)
     entropy_explosion: policy.EntropyExplosionThresholds = section(policy.EntropyExplosionThresholds)
