@@ -149,10 +149,10 @@ def sft_step(run: Run, state: TrainState) -> dict[str, float]:
         state.step + 1,
         stats["loss/total"],
         grad_norm,
-        0.0,
-        1.0,
-        cfg.guards,
-        stats["loss/nll"],
+        ratio_max=0.0,  # no importance ratio in SFT
+        advantage_abs_mean=1.0,  # every trained token carries signal: an exactly-zero gradient is a fault
+        cfg=cfg.guards,
+        nll=stats["loss/nll"],
     )
     skipped = finding is not None and finding.action == "skip"
     if skipped:
