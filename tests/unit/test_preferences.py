@@ -7,7 +7,15 @@ import math
 import numpy as np
 import pytest
 
-from keelrl.evaluate.preferences import bradley_terry, bt_intervals, wilson_interval, win_matrix
+from keelrl.evaluate.preferences import (
+    bradley_terry,
+    bt_intervals,
+    judge_agreement,
+    pair_win_rates,
+    verifier_agreement,
+    wilson_interval,
+    win_matrix,
+)
 
 
 def test_wilson_interval_worked_numbers():
@@ -67,3 +75,28 @@ def test_bad_votes_are_refused():
         win_matrix([("a", "b", 2.0)], ["a", "b"])
     with pytest.raises(ValueError, match="two different"):
         win_matrix([("a", "a", 1.0)], ["a"])
+
+
+def test_pair_win_rates_are_oriented_by_name():
+    votes = [("m2", "m1", 1.0), ("m1", "m2", 1.0), ("m1", "m2", 0.5), ("m1", "m2", 0.0)]
+    rates = pair_win_rates(votes)
+    row = rates[("m1", "m2")]  # m1: a loss, a win, a tie, a loss
+    assert (row["wins"], row["ties"], row["losses"], row["n"]) == (1, 1, 2, 4)
+    assert row["rate"] == pytest.approx(1.5 / 4)
+    assert (row["lo"], row["hi"]) == pytest.approx(wilson_interval(1.5, 4))
+
+
+def test_agreement_between_judges_and_with_the_verifier():
+    votes = [
+        ("p1", 1.0, "ann"),
+        ("p1", 1.0, "bob"),
+        ("p1", 0.0, "cy"),
+        ("p2", 0.5, "ann"),
+        ("p3", 1.0, "ann"),
+    ]
+    # p1: ann-bob agree, ann-cy and bob-cy do not; p2, p3: one judge each
+    assert judge_agreement(votes) == {"agreement": pytest.approx(1 / 3), "judge_pairs": 3.0}
+    assert math.isnan(judge_agreement([("p", 1.0, "ann")])["agreement"])
+    v = [(1.0, True, False), (0.0, True, False), (0.5, False, True), (1.0, True, True), (1.0, None, False)]
+    # decided: the first three; preferred the accepted one: 1 + 0 + 0.5
+    assert verifier_agreement(v) == {"agreement": pytest.approx(0.5), "votes": 3.0}

@@ -9,8 +9,11 @@ The math behind comparing checkpoints by people's (or a judge's) blind votes, pu
   identified). Departure, stated: a tie is half a win for each side (no Davidson tie parameter), and a
   pseudo-vote of `prior` ties against every other item keeps the fit finite when one item wins every
   vote (a maximum-likelihood strength would be infinite); prior = 0 is the plain MLE.
-- `bt_intervals`: percentile bootstrap over votes (resampled with replacement, `stable`-seeded) for each
-  item's log-strength, and the ranking by the point estimate.
+- `bt_intervals`: percentile bootstrap over votes (resampled with replacement, seeded) for each item's
+  log-strength, and the ranking by the point estimate.
+- `pair_win_rates` (per model pair, with Wilson intervals), `judge_agreement` (how often two people who judged
+  the same pair agree), `verifier_agreement` (how often people prefer the completion the checker accepted,
+  where it accepted exactly one).
 """
 
 from __future__ import annotations
@@ -95,3 +98,45 @@ def bt_intervals(
         name: {"log_strength": float(point[k]), "lo": float(lo[k]), "hi": float(hi[k]), "rank": rank[name]}
         for k, name in enumerate(items)
     }
+
+
+def pair_win_rates(votes: Sequence[Vote], level: float = 0.95) -> dict[tuple[str, str], dict[str, float]]:
+    """Per unordered model pair (names sorted): the first model's wins, ties and losses, its win rate (a tie
+    half a win) and the rate's Wilson interval."""
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for a, b, outcome in votes:
+        key, value = ((a, b), outcome) if a < b else ((b, a), 1.0 - outcome)
+        row = out.setdefault(key, {"wins": 0.0, "ties": 0.0, "losses": 0.0, "n": 0.0})
+        row["wins" if value == 1.0 else "losses" if value == 0.0 else "ties"] += 1
+        row["n"] += 1
+    for row in out.values():
+        score = row["wins"] + row["ties"] / 2
+        row["rate"] = score / row["n"]
+        row["lo"], row["hi"] = wilson_interval(score, int(row["n"]), level)
+    return out
+
+
+def judge_agreement(votes: Sequence[tuple[str, float, str]]) -> dict[str, float]:
+    """votes: (item id, outcome, judge). Over every two judges who voted on the same item: the share that
+    agree (same outcome), and how many such judge pairs there were."""
+    by_item: dict[str, list[tuple[str, float]]] = {}
+    for item, outcome, judge in votes:
+        by_item.setdefault(item, []).append((judge, outcome))
+    agree = total = 0
+    for rows in by_item.values():
+        for i in range(len(rows)):
+            for j in range(i + 1, len(rows)):
+                if rows[i][0] != rows[j][0]:
+                    total += 1
+                    agree += rows[i][1] == rows[j][1]
+    return {"agreement": agree / total if total else float("nan"), "judge_pairs": float(total)}
+
+
+def verifier_agreement(votes: Sequence[tuple[float, bool | None, bool | None]]) -> dict[str, float]:
+    """votes: (outcome for A, A correct, B correct). Over votes where the checker accepted exactly one of the
+    two completions: the share that preferred the accepted one (a tie counts half)."""
+    decided = [(o, ca) for o, ca, cb in votes if ca is not None and cb is not None and ca != cb]
+    if not decided:
+        return {"agreement": float("nan"), "votes": 0.0}
+    score = sum(o if ca else 1.0 - o for o, ca in decided)
+    return {"agreement": score / len(decided), "votes": float(len(decided))}

@@ -1,0 +1,218 @@
+"""The judge session's store: one SQLite file (WAL) holding the pairs to judge and every vote as it is cast.
+
+A session compares checkpoints blind. `pairs` holds, per pair, the problem, the two models' completions (A
+and B in a fixed order) and which one is shown on the left (drawn per pair, balanced per model pair);
+`votes` holds one row per vote: who, when, which pair, the outcome (`a`, `b`, `tie`, `skip`) and the side the
+winner was shown on. A vote is committed before the page hears back, so a closed tab or a killed server loses
+nothing; `undo` deletes the judge's newest vote; a judge resumes at their first pair without a vote. WAL lets
+several judges' requests and a results reader share the file.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OUTCOMES = ("a", "b", "tie", "skip")
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pairs (
+    id INTEGER PRIMARY KEY, problem_index INTEGER NOT NULL, problem TEXT NOT NULL, prompt TEXT NOT NULL,
+    model_a TEXT NOT NULL, model_b TEXT NOT NULL, text_a TEXT NOT NULL, text_b TEXT NOT NULL,
+    correct_a INTEGER, correct_b INTEGER, a_on_left INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS votes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, pair_id INTEGER NOT NULL REFERENCES pairs(id), judge TEXT NOT NULL,
+    cast_at REAL NOT NULL, outcome TEXT NOT NULL, winner_side TEXT
+);
+CREATE INDEX IF NOT EXISTS votes_by_judge ON votes (judge, pair_id);
+"""
+
+
+@dataclass(frozen=True)
+class Pair:
+    id: int
+    problem_index: int
+    problem: dict[str, Any]
+    prompt: str
+    model_a: str
+    model_b: str
+    text_a: str
+    text_b: str
+    correct_a: bool | None
+    correct_b: bool | None
+    a_on_left: bool
+
+
+@dataclass(frozen=True)
+class StoredVote:
+    id: int
+    pair_id: int
+    judge: str
+    cast_at: float
+    outcome: str
+    winner_side: str | None  # "left" / "right" for a and b outcomes, None for tie and skip
+
+
+class JudgeStore:
+    """A session file; open it from any thread (each call opens its own short-lived connection)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._db() as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30.0)
+        try:
+            db.execute("PRAGMA synchronous=FULL")  # a committed vote survives a power cut, not just a crash
+            with db:  # one transaction: committed on success, rolled back on error
+                yield db
+        finally:
+            db.close()
+
+    def set_meta(self, **values: Any) -> None:
+        with self._db() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                [(k, json.dumps(v)) for k, v in values.items()],
+            )
+
+    def meta(self) -> dict[str, Any]:
+        with self._db() as db:
+            return {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
+
+    def add_pairs(self, pairs: Sequence[Pair]) -> None:
+        with self._db() as db:
+            db.executemany(
+                "INSERT INTO pairs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        p.id,
+                        p.problem_index,
+                        json.dumps(p.problem),
+                        p.prompt,
+                        p.model_a,
+                        p.model_b,
+                        p.text_a,
+                        p.text_b,
+                        p.correct_a,
+                        p.correct_b,
+                        int(p.a_on_left),
+                    )
+                    for p in pairs
+                ],
+            )
+
+    def pairs(self) -> list[Pair]:
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM pairs ORDER BY id").fetchall()
+        return [
+            Pair(
+                r[0],
+                r[1],
+                json.loads(r[2]),
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                r[7],
+                None if r[8] is None else bool(r[8]),
+                None if r[9] is None else bool(r[9]),
+                bool(r[10]),
+            )
+            for r in rows
+        ]
+
+    def vote(self, pair_id: int, judge: str, outcome: str, now: float | None = None) -> StoredVote:
+        """Record `judge`'s vote on pair `pair_id` (replacing an earlier vote of theirs on it)."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"a vote is one of {OUTCOMES}, got {outcome!r}")
+        if not judge.strip():
+            raise ValueError("a vote needs the judge's name")
+        cast_at = time.time() if now is None else now
+        with self._db() as db:
+            row = db.execute("SELECT a_on_left FROM pairs WHERE id = ?", (pair_id,)).fetchone()
+            if row is None:
+                raise ValueError(f"no pair {pair_id} in this session")
+            a_on_left = bool(row[0])
+            side = None
+            if outcome in ("a", "b"):
+                side = "left" if (outcome == "a") == a_on_left else "right"
+            db.execute("DELETE FROM votes WHERE judge = ? AND pair_id = ?", (judge, pair_id))
+            cur = db.execute(
+                "INSERT INTO votes (pair_id, judge, cast_at, outcome, winner_side) VALUES (?, ?, ?, ?, ?)",
+                (pair_id, judge, cast_at, outcome, side),
+            )
+            vote_id = int(cur.lastrowid or 0)
+        return StoredVote(vote_id, pair_id, judge, cast_at, outcome, side)
+
+    def undo(self, judge: str) -> int | None:
+        """Delete `judge`'s newest vote; returns its pair id (None when they have none)."""
+        with self._db() as db:
+            row = db.execute(
+                "SELECT id, pair_id FROM votes WHERE judge = ? ORDER BY id DESC LIMIT 1", (judge,)
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute("DELETE FROM votes WHERE id = ?", (row[0],))
+            return int(row[1])
+
+    def votes(self, judge: str | None = None) -> list[StoredVote]:
+        query, args = "SELECT * FROM votes", ()
+        if judge is not None:
+            query, args = query + " WHERE judge = ?", (judge,)
+        with self._db() as db:
+            rows = db.execute(query + " ORDER BY id", args).fetchall()
+        return [StoredVote(*r) for r in rows]
+
+    def next_pair(self, judge: str) -> int | None:
+        """The first pair (by id) `judge` has not voted on, or None when they are done."""
+        with self._db() as db:
+            row = db.execute(
+                "SELECT id FROM pairs WHERE id NOT IN (SELECT pair_id FROM votes WHERE judge = ?) ORDER BY id LIMIT 1",
+                (judge,),
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+
+def balanced_sides(model_pairs: Sequence[tuple[str, str]], seed: int) -> list[bool]:
+    """Per pair, whether model A is shown on the left: for each (model_a, model_b) combination exactly half
+    its pairs (one more for an odd count, chosen at random) put A on the left, in a seeded random order; so
+    position bias cannot favour a model."""
+    import random
+
+    rng = random.Random(seed)
+    out = [False] * len(model_pairs)
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, key in enumerate(model_pairs):
+        groups.setdefault(key, []).append(i)
+    for key in sorted(groups):
+        idx = groups[key]
+        left = [True] * (len(idx) // 2) + [False] * (len(idx) // 2)
+        if len(idx) % 2:
+            left.append(rng.random() < 0.5)
+        rng.shuffle(left)
+        for i, flag in zip(idx, left):
+            out[i] = flag
+    return out
+
+
+def comparisons(pairs: Sequence[Pair], votes: Sequence[StoredVote]) -> list[tuple[str, str, float, str, int]]:
+    """Votes as (model_a, model_b, outcome for A: 1 / 0 / 0.5, judge, pair id); skips left out."""
+    by_id = {p.id: p for p in pairs}
+    value = {"a": 1.0, "b": 0.0, "tie": 0.5}
+    return [
+        (by_id[v.pair_id].model_a, by_id[v.pair_id].model_b, value[v.outcome], v.judge, v.pair_id)
+        for v in votes
+        if v.outcome in value
+    ]
