@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from keelrl.distributed import full_state_dict, is_sharded
-from keelrl.lora import has_lora, merged_state_dict
+from keelrl.lora import sampler_weights
 from keelrl.rollout import SamplingSettings, render_prompt
 from keelrl.rollout.sync_check import SyncGap, logprob_gap, trainer_logprobs
 from keelrl.rollout.types import CheckedSampler
@@ -87,10 +87,10 @@ def push(run: Run, state: TrainState, drill: str | None) -> None:
     if drill == "skip":
         return
     model = run.sampler_model
-    # a LoRA policy: an engine with its own copy of the base architecture gets base + adapters merged; the
-    # in-process sampler samples the policy itself (its own tensors: nothing is copied)
-    merge = has_lora(model) and getattr(run.sampler, "model", None) is not model
-    weights = (merged_state_dict(model) if merge else untied_state_dict(model)).items()
+    # the in-process sampler samples the policy itself (its own tensors: nothing is copied); an engine with its
+    # own copy of the base architecture gets base + adapters merged when the policy has LoRA adapters
+    own = getattr(run.sampler, "model", None) is model
+    weights = (untied_state_dict(model) if own else sampler_weights(model)).items()
     if drill == "stale_prefix_cache":
         cast(CheckedSampler, run.sampler).update_weights(
             weights, state.policy_version, reset_prefix_cache=False

@@ -78,6 +78,27 @@ class GradSpikeThresholds(RuleThresholds):
     )
 
 
+def _spike(
+    history: Sequence[Record], key: str, window: int, z_min: float, min_ratio: float
+) -> tuple[float, float, float, float, int, int] | None:
+    """The latest `key` against the `window` values before it: (value, window median, robust z, ratio, step,
+    window size) when it is at least `z_min` robust z-scores and `min_ratio` times the median above it."""
+    x = metric_value(history[-1], key) if history else None
+    if x is None or not math.isfinite(x):
+        return None  # a non-finite value is nonfinite's
+    prev = tail(history[:-1], key, window)
+    if len(prev) < max(5, window // 2):
+        return None
+    values = [v for _, v in prev]
+    med = statistics.median(values)
+    if med <= 0:
+        return None
+    z, ratio = robust_z(x, values), x / med
+    if z < z_min or ratio < min_ratio:
+        return None
+    return x, med, z, ratio, step_of(history[-1], len(history) - 1), len(values)
+
+
 def grad_spike(history: Sequence[Record], t: GradSpikeThresholds) -> Finding | None:
     """The latest grad_norm against the `window` before it (a pre-step check appends its record first).
     Not for SFT records (they carry loss/nll): fine-tuning's gradient norms are heavy-tailed while its loss
@@ -85,27 +106,15 @@ def grad_spike(history: Sequence[Record], t: GradSpikeThresholds) -> Finding | N
     sft_from_scratch.py and a STaR round in docs/RESULTS.md), so SFT is judged by loss_spike instead."""
     if not history or metric_value(history[-1], "loss/nll") is not None:
         return None
-    g = metric_value(history[-1], "grad_norm")
-    if g is None or not math.isfinite(g):
+    if (spike := _spike(history, "grad_norm", t.window, t.z, t.min_ratio)) is None:
         return None
-    prev = tail(history[:-1], "grad_norm", t.window)
-    if len(prev) < max(5, t.window // 2):
-        return None
-    values = [v for _, v in prev]
-    med = statistics.median(values)
-    if med <= 0:
-        return None
-    z = robust_z(g, values)
-    ratio = g / med
-    if z < t.z or ratio < t.min_ratio:
-        return None
-    step = step_of(history[-1], len(history) - 1)
+    g, med, z, ratio, step, n = spike
     return finding(
         "grad_spike",
         "critical",
         (step, step),
         {"grad_norm": g, "window_median": med, "robust_z": z, "ratio": ratio},
-        f"grad_norm {g:.3g} at step {step} is {ratio:.1f}x the median of the previous {len(values)} steps "
+        f"grad_norm {g:.3g} at step {step} is {ratio:.1f}x the median of the previous {n} steps "
         f"(robust z {z:.1f}).",
         "A single spike is usually one bad batch (skipping it is what PaLM did); repeated spikes mean lower "
         "algo.lr or a tighter algo.grad_clip, and check mismatch/kl first (the gap often grows before spikes).",
@@ -131,28 +140,15 @@ class LossSpikeThresholds(RuleThresholds):
 
 def loss_spike(history: Sequence[Record], t: LossSpikeThresholds) -> Finding | None:
     """The latest loss/nll (SFT's per-token loss) against the `window` before it; RL records have none."""
-    if not history:
+    if (spike := _spike(history, "loss/nll", t.window, t.z, t.min_ratio)) is None:
         return None
-    x = metric_value(history[-1], "loss/nll")
-    if x is None or not math.isfinite(x):
-        return None  # a non-finite loss is nonfinite's
-    prev = tail(history[:-1], "loss/nll", t.window)
-    if len(prev) < max(5, t.window // 2):
-        return None
-    values = [v for _, v in prev]
-    med = statistics.median(values)
-    if med <= 0:
-        return None
-    z, ratio = robust_z(x, values), x / med
-    if z < t.z or ratio < t.min_ratio:
-        return None
-    step = step_of(history[-1], len(history) - 1)
+    x, med, z, ratio, step, n = spike
     return finding(
         "loss_spike",
         "critical",
         (step, step),
         {"loss_nll": x, "window_median": med, "robust_z": z, "ratio": ratio},
-        f"loss/nll {x:.3g} at step {step} is {ratio:.1f}x the median of the previous {len(values)} steps "
+        f"loss/nll {x:.3g} at step {step} is {ratio:.1f}x the median of the previous {n} steps "
         f"(robust z {z:.1f}).",
         "One spike is usually one bad batch (skipping it is what PaLM did); if spikes repeat, lower algo.lr, "
         "keep algo.grad_clip > 0, and look for malformed or very long examples in the data.",
