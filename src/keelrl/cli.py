@@ -133,13 +133,28 @@ def _print_outcome(run_dir: Path) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.recipe == "search":  # Stream of Search: pretrain on search traces, then RL (demo_search.py)
+        from keelrl.demo_search import run_search_demo
+
+        if args.model != "tiny" or args.engine != "hf":
+            raise ConfigError(
+                "--recipe search trains its own tiny model with the hf engine; drop --model/--engine"
+            )
+        run_search_demo(
+            seed=args.seed,
+            minutes=args.minutes or 30.0,
+            out=Path(args.out or "runs/demo_search"),
+            numbers=args.numbers,
+            threads=args.threads,
+        )
+        return 0
     from keelrl.demo import run_demo
 
     run_demo(
         seed=args.seed,
-        minutes=args.minutes,
+        minutes=args.minutes or 12.0,
         model=args.model,
-        out=Path(args.out),
+        out=Path(args.out or "runs/demo"),
         threads=args.threads,
         engine=args.engine,
     )
@@ -158,6 +173,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = run_report([args.run_dir, *args.compare], args.out)
     print(f"report: {path}")
     return 0
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    from keelrl.monitor.judge import cmd_judge as judge
+
+    return judge(args)
 
 
 def cmd_fields(args: argparse.Namespace) -> int:
@@ -286,9 +307,22 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser(
         "demo", help="the whole lifecycle on a laptop CPU: pretrain a tiny model, RL it, eval before/after"
     )
+    m.add_argument(
+        "--recipe",
+        choices=["rl", "search"],
+        default="rl",
+        help="rl: two-number Countdown, pretrain then RL; search: Stream of Search on 3-number Countdown "
+        "(pretrain on search traces, then RL; behaviour statistics before and after)",
+    )
+    m.add_argument(
+        "--numbers", type=int, choices=[3, 4], default=3, help="--recipe search: numbers per problem"
+    )
     m.add_argument("--seed", type=int, default=0, help="seed of every stage")
     m.add_argument(
-        "--minutes", type=float, default=12.0, help="scale the work (step counts) to about this many minutes"
+        "--minutes",
+        type=float,
+        default=None,
+        help="scale the work (step counts) to about this many minutes (default 12; --recipe search: 30)",
     )
     m.add_argument(
         "--model",
@@ -299,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf", help="what samples during RL (rollout.engine)"
     )
-    m.add_argument("--out", default="runs/demo", help="output directory")
+    m.add_argument("--out", default=None, help="output directory (default runs/demo, runs/demo_search)")
     m.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
     m.set_defaults(func=cmd_demo)
 
@@ -319,6 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare", nargs="+", default=[], metavar="RUN_DIR2", help="overlay these runs on every plot"
     )
     r.set_defaults(func=cmd_report)
+
+    j = sub.add_parser(
+        "judge",
+        help="blind A/B page: people compare models' completions side by side (--results: rankings, export)",
+    )
+    from keelrl.monitor.judge import add_judge_options
+
+    add_judge_options(j)
+    j.set_defaults(func=cmd_judge)
 
     f = sub.add_parser("config-fields", help="print every config field with its default and documentation")
     f.set_defaults(func=cmd_fields)

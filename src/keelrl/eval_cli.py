@@ -60,7 +60,7 @@ def _eval_passes(args: argparse.Namespace) -> tuple[bool, int, float]:
     return not args.no_greedy, sampled, temperature
 
 
-def _task_params(args: argparse.Namespace, run_cfg: dict[str, Any]) -> tuple[dict[str, Any], int, str]:
+def task_params_for(args: argparse.Namespace, run_cfg: dict[str, Any]) -> tuple[dict[str, Any], int, str]:
     """Task parameters, seed and template: the run's (same task), then --task-param / --template on top."""
     task_cfg = run_cfg.get("task", {}) if run_cfg.get("task", {}).get("name") == args.task else {}
     params = dict(task_cfg.get("params", {}))
@@ -72,7 +72,7 @@ def _task_params(args: argparse.Namespace, run_cfg: dict[str, Any]) -> tuple[dic
     return params, int(task_cfg.get("seed", 0)), args.template or task_cfg.get("template", "auto")
 
 
-def _load_for_eval(model_path: str, device: str) -> tuple[Any, Any]:
+def load_for_eval(model_path: str, device: str) -> tuple[Any, Any]:
     import torch
 
     from keelrl.config import ModelConfig
@@ -100,9 +100,9 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
     if args.problems < 1:
         raise ConfigError(f"--problems must be at least 1, got {args.problems}")
     run_cfg = run_cfg if run_cfg is not None else (run_config_near(model_path) or {})
-    params, task_seed, template_req = _task_params(args, run_cfg)
+    params, task_seed, template_req = task_params_for(args, run_cfg)
     task = get_task(args.task, seed=task_seed, **params)
-    model, tokenizer = _load_for_eval(model_path, args.device)
+    model, tokenizer = load_for_eval(model_path, args.device)
     template = resolve_template(template_req, tokenizer)
     max_new = args.max_new_tokens or run_cfg.get("rollout", {}).get("max_new_tokens", 256)
     total = args.problems * (int(greedy) + samples)
@@ -174,9 +174,9 @@ def _perplexity_eval(args: argparse.Namespace) -> dict[str, Any]:
         if not args.task:
             raise ConfigError("--perplexity reference needs --task (whose reference solutions to score)")
         run_cfg = run_config_near(args.model) or {}
-        params, task_seed, template_req = _task_params(args, run_cfg)
+        params, task_seed, template_req = task_params_for(args, run_cfg)
         task = get_task(args.task, seed=task_seed, **params)
-        model, tokenizer = _load_for_eval(args.model, args.device)
+        model, tokenizer = load_for_eval(args.model, args.device)
         result = reference_perplexity(
             model, tokenizer, task, resolve_template(template_req, tokenizer), args.problems
         )
@@ -196,7 +196,7 @@ def _perplexity_eval(args: argparse.Namespace) -> dict[str, Any]:
                 ) from None
         else:
             texts = lines
-        model, tokenizer = _load_for_eval(args.model, args.device)
+        model, tokenizer = load_for_eval(args.model, args.device)
         result = perplexity(model, tokenizer, texts, source=str(path))
     return {"model": args.model, **result.to_json(seed=args.seed)}
 
