@@ -20,6 +20,7 @@ def test_every_registered_name_builds_its_task() -> None:
         "multiply",
         "code",
         "mixture",
+        "countdown_search",
         "countdown_tools",
         "code_feedback",
         "swe_mini",

@@ -44,6 +44,8 @@ class ProblemResult:
     turns: list[int] = field(default_factory=list)
     tool_calls: list[int] = field(default_factory=list)
     tool_errors: list[int] = field(default_factory=list)
+    # tasks with a `behaviour(problem, completion) -> dict[str, float]` method: its numbers, per sample
+    behaviour: list[dict[str, float]] = field(default_factory=list)
 
     def add(self, rollout: Rollout) -> None:
         """Record one scored sample."""
@@ -81,6 +83,7 @@ class ProblemResult:
                 if self.turns
                 else {}
             ),
+            **({"behaviour": self.behaviour} if self.behaviour else {}),
         }
 
     @classmethod
@@ -101,6 +104,7 @@ class ProblemResult:
             turns=[int(x) for x in d.get("turns", [])],
             tool_calls=[int(x) for x in d.get("tool_calls", [])],
             tool_errors=[int(x) for x in d.get("tool_errors", [])],
+            behaviour=[{str(k): float(v) for k, v in b.items()} for b in d.get("behaviour", [])],
         )
 
 
@@ -146,14 +150,19 @@ def run_eval(
         batch_size,
         on_batch=None if on_progress is None else lambda batch: on_progress(len(batch)),
     )
+    behave = getattr(task, "behaviour", None)  # optional: per-sample statistics of the completion
     for r in rollouts:
-        results[r.problem_index].add(r)
+        result = results[r.problem_index]
+        result.add(r)
+        if behave is not None:
+            result.behaviour.append(dict(behave(result.problem, r.prefix + r.text)))
     return results
 
 
 def summarize(results: list[ProblemResult]) -> dict[str, float]:
     """Means over problems of per-problem means (each problem counts once), and `reward/errors` (samples
-    whose checker raised). The trainer's periodic eval logs these as `eval/<name>`."""
+    whose checker raised); a task's `behaviour` numbers as `search/<name>` (each name found in every
+    problem's samples). The trainer's periodic eval logs these as `eval/<name>`."""
     if not results:
         return {}
 
@@ -169,6 +178,19 @@ def summarize(results: list[ProblemResult]) -> dict[str, float]:
         "reward/errors": float(len(score_errors(results))),
         "problems": float(len(results)),
         **({k: mean_of(a) for k, a in EPISODE_STATS.items()} if all(r.turns for r in results) else {}),
+        **behaviour_means(results),
+    }
+
+
+def behaviour_means(results: Sequence[ProblemResult]) -> dict[str, float]:
+    """`search/<name>`: the mean over problems of each problem's mean of a `behaviour` number (names that
+    every sample of every problem has; none when a problem has no behaviour records)."""
+    if not results or not all(r.behaviour for r in results):
+        return {}
+    names = set.intersection(*(set(b) for r in results for b in r.behaviour))
+    return {
+        f"search/{k}": float(np.mean([np.mean([b[k] for b in r.behaviour]) for r in results]))
+        for k in sorted(names)
     }
 
 

@@ -41,6 +41,7 @@ OPTIONAL_PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Off-policy correction", ("behaviour/ess", "behaviour/cut_frac"), "fraction"),
     ("Asynchronous sampling: waits", ("time/trainer_wait_s", "time/sampler_wait_s"), "seconds per step"),
     ("Asynchronous sampling: staleness", ("async/staleness_mean", "async/staleness_max"), "policy versions"),
+    ("Supervised loss (train.stage = sft)", ("loss/nll", "eval/loss"), "nats / token"),
 )
 
 # Run-dependent metric families (title, key prefix, key suffix, y-axis label): after PLOTS, a series per key.
@@ -48,6 +49,7 @@ FAMILY_PLOTS: tuple[tuple[str, str, str, str], ...] = (
     ("Curriculum: estimated pass rate per bucket", "curriculum/pass_rate/", "", "pass rate (posterior mean)"),
     ("Curriculum: sampling weight per bucket", "curriculum/weight/", "", "share of prompts"),
     ("Task mixture: accuracy per task", "task/", "/accuracy", "fraction"),
+    ("Search behaviour on held-out evals (task.behaviour)", "eval/search/", "", "mean per completion"),
 )
 
 # Event kinds drawn on the step axis, with their colour.
