@@ -142,7 +142,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
         run_search_demo(
             seed=args.seed,
-            minutes=args.minutes or 30.0,
+            minutes=args.minutes or 12.0,
             out=Path(args.out or "runs/demo_search"),
             numbers=args.numbers,
             threads=args.threads,
@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--minutes",
         type=float,
         default=None,
-        help="scale the work (step counts) to about this many minutes (default 12; --recipe search: 30)",
+        help="scale the work (step counts) to about this many minutes (default 12)",
     )
     m.add_argument(
         "--model",
