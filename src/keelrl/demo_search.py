@@ -131,7 +131,7 @@ def search_rl_config(
     }
 
 
-def evaluate_search(model_path: str, task: Any, plan: SearchPlan, seed: int, console: Any = None) -> Any:
+def evaluate_search(model_path: str, task: Any, plan: SearchPlan, seed: int) -> Any:
     """Greedy eval of `model_path` on the first `plan.eval_problems` test problems; the EvalReport's records
     carry each completion's behaviour numbers (evaluate.run_eval reads `task.behaviour`)."""
     from keelrl.config import ModelConfig
@@ -208,9 +208,11 @@ def run_search_demo(
         torch.set_num_threads(threads)
     from keelrl.config import config_from_dict
     from keelrl.evaluate import compare_results
+    from keelrl.monitor.sinks import make_console
     from keelrl.tasks import get_task
     from keelrl.trainer import train
 
+    console = make_console(stderr=True, highlight=False)
     t_start = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -219,15 +221,18 @@ def run_search_demo(
     task = get_task("countdown_search", **params)
     seconds: dict[str, float] = {}
 
+    console.rule(f"[bold]1/4 pretraining a tiny model on search traces[/] ({plan.pretrain_steps} steps)")
     t = time.time()
     model_cfg = TinyModelConfig(**{**SEARCH_MODEL.model_dump(), "max_positions": plan.pack_length + 64})
     pre = pretrain_search_model(out, task, plan, seed, model_cfg)
     seconds["pretrain"] = time.time() - t
 
+    console.rule(f"[bold]2/4 evaluating it[/] ({plan.eval_problems} held-out {numbers}-number problems)")
     t = time.time()
     base = evaluate_search(str(out / "base"), task, plan, seed)
     seconds["eval_before"] = time.time() - t
 
+    console.rule(f"[bold]3/4 RL[/] ({plan.rl_steps} steps of grpo, run dir {out / 'rl'})")
     t = time.time()
     cfg = config_from_dict(
         search_rl_config(str(out / "base"), params, plan, seed, threads), "keelrl demo search"
@@ -235,6 +240,7 @@ def run_search_demo(
     rl_summary = train(cfg, out / "rl", resume="never" if not (out / "rl").exists() else "auto")
     seconds["rl"] = time.time() - t
 
+    console.rule("[bold]4/4 evaluating the final model[/]")
     t = time.time()
     final = evaluate_search(str(out / "rl" / "final"), task, plan, seed)
     seconds["eval_after"] = time.time() - t
@@ -265,4 +271,24 @@ def run_search_demo(
         "run_dir": str(out / "rl"),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_summary(console, summary, out)
     return summary
+
+
+def print_summary(console: Any, summary: dict[str, Any], out: Path) -> None:
+    """Accuracy before/after with the paired difference, and the behaviour statistics side by side."""
+    from rich.table import Table
+
+    b, a = summary["before"], summary["after"]
+    lo, hi = summary["accuracy_change_ci95"]
+    table = Table(title=f"held-out {summary['numbers']}-number Countdown, greedy (seed {summary['seed']})")
+    for col in ("", "before RL", "after RL"):
+        table.add_column(col)
+    table.add_row("accuracy", f"{b['accuracy']:.3f}", f"{a['accuracy']:.3f}")
+    for key in sorted(k for k in b if k.startswith("search/")):
+        table.add_row(key.removeprefix("search/"), f"{b[key]:.3f}", f"{a.get(key, float('nan')):.3f}")
+    console.print(table)
+    console.print(
+        f"change {summary['accuracy_change']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({summary['verdict']}); "
+        f"{summary['seconds']['total'] / 60:.1f} min; summary {out / 'summary.json'}, run dir {out / 'rl'}"
+    )
