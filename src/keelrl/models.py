@@ -313,15 +313,16 @@ def _hub_offline_reason(name: str) -> str | None:
 def load_hub(
     name: str, dtype: str, trust_remote_code: bool, attn_implementation: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    common = {
-        "trust_remote_code": trust_remote_code,
-        "local_files_only": _hub_offline_reason(name) is not None,
-    }
+    offline = _hub_offline_reason(name) is not None
+    common = {"trust_remote_code": trust_remote_code, "local_files_only": offline}
+    # With peft installed, the Auto classes look for an adapter_config.json on the hub without passing
+    # local_files_only on (transformers 5.19): offline, that probe retried for 30 s before giving up.
+    adapter = {"adapter_kwargs": {"local_files_only": True}} if offline else {}
     try:
         AutoConfig.from_pretrained(name, **common)
         tokenizer = AutoTokenizer.from_pretrained(name, **common)
         model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=_dtype(dtype), **common, **_attn_kwargs(attn_implementation)
+            name, dtype=_dtype(dtype), **common, **adapter, **_attn_kwargs(attn_implementation)
         )
     except READ_ERRORS as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
