@@ -63,7 +63,7 @@ def load_sft_data(run_cfg: Any, tokenizer: Any, task: Any, template: str) -> SFT
     if d.eval_path:
         train_records, eval_records = records, read_records(d.eval_path)
     else:
-        held = [is_held_out(i, run_cfg.train.seed, d.eval_fraction) for i in range(len(records))]
+        held = [is_held_out(i, run_cfg.task.seed, d.eval_fraction) for i in range(len(records))]
         train_records = [r for r, h in zip(records, held) if not h]
         eval_records = [r for r, h in zip(records, held) if h]
     args = (tokenizer, chat, render, d.max_length, d.too_long)
