@@ -14,6 +14,7 @@ from keelrl.algo.logprobs import LogprobModule, block_causal_mask
 from keelrl.rollout.chat import chat_format
 from keelrl.sft.batches import build_batch, epoch_of, example_weights, pack, step_indices
 from keelrl.sft.data import DataError, Example, encode_all, encode_record, is_held_out, read_records
+from keelrl.sft.step import row_logprobs
 
 CHATML = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -198,13 +199,8 @@ def _loss_and_grad(model, examples, packing: bool, micro: int, mode="token_mean"
     model.zero_grad()
     total = 0.0
     R = batch.input_ids.shape[0]
-    for i in range(0, R, micro):
-        mb = batch.rows(range(i, min(i + micro, R)))
-        lp, _ = module(
-            mb.input_ids, (mb.documents >= 0).long(), mb.target_mask, 1.0, share_prefix=False,
-            documents=mb.documents, positions=mb.positions,
-        )  # fmt: skip
-        loss = -(lp * mb.weights).sum()
+    for mb in batch.chunks(micro):
+        loss = -(row_logprobs(module, mb) * mb.weights).sum()
         loss.backward()
         total += float(loss.detach())
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).clone()
@@ -246,10 +242,7 @@ def test_packing_without_boundaries_would_differ(tiny_model):
     batch = build_batch(examples, "token_mean", 1.0, 4.0, 24, True, 0)
     module = LogprobModule(tiny_model)
     with torch.no_grad():
-        right, _ = module(
-            batch.input_ids, (batch.documents >= 0).long(), batch.target_mask, 1.0, share_prefix=False,
-            documents=batch.documents, positions=batch.positions,
-        )  # fmt: skip
+        right = row_logprobs(module, batch)
         leaky, _ = module(
             batch.input_ids, (batch.documents >= 0).long(), batch.target_mask, 1.0, share_prefix=False
         )

@@ -91,6 +91,11 @@ class SFTBatch:
             )
         )
 
+    def chunks(self, size: int) -> list[SFTBatch]:
+        """Consecutive micro-batches of at most `size` rows."""
+        R = self.input_ids.shape[0]
+        return [self.rows(range(i, min(i + size, R))) for i in range(0, R, size)]
+
     def to(self, device: torch.device) -> SFTBatch:
         return SFTBatch(
             *(

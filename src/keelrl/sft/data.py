@@ -48,7 +48,8 @@ class Example:
 
     @property
     def trained_tokens(self) -> int:
-        return sum(self.labels)
+        """Tokens the loss covers: labelled ones after the first (nothing predicts the first token)."""
+        return sum(self.labels[1:])
 
 
 def _jsonl(path: Path) -> Iterator[Record]:

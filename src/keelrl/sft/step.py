@@ -77,46 +77,52 @@ def load_sft_data(run_cfg: Any, tokenizer: Any, task: Any, template: str) -> SFT
     return SFTData(train, held_out, dropped, truncated)
 
 
+def row_logprobs(module: torch.nn.Module, mb: SFTBatch) -> torch.Tensor:
+    """Log-probs [b, T] of the trained tokens of rows `mb`, each example attending only to itself."""
+    lp, _ = module(
+        mb.input_ids,
+        (mb.documents >= 0).long(),
+        mb.target_mask,
+        1.0,
+        share_prefix=False,
+        documents=mb.documents,
+        positions=mb.positions,
+    )
+    return lp
+
+
 def sft_backward(
-    module: torch.nn.Module, batch: SFTBatch, micro_batch_size: int, run: Run
+    module: torch.nn.Module, batch: SFTBatch, global_tokens: float, micro_batch_size: int, run: Run
 ) -> dict[str, float]:
     """Accumulate the gradient of the step's loss over micro-batches of rows; returns this rank's sums of
-    the loss and of the token-mean NLL (the caller reduces them over ranks)."""
+    the loss and of the token-mean NLL over the step's `global_tokens` (the caller reduces them over ranks)."""
     world = run.world
     scale = loss_scale(world)
-    rows = list(range(batch.input_ids.shape[0]))
-    chunks = [rows[i : i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
-    g_tokens = all_reduce_sum(float(batch.target_mask.sum()), world)
+    chunks = batch.chunks(micro_batch_size)
     loss_sum = nll_sum = 0.0
     for i, chunk in enumerate(chunks):
         pulse()
-        mb = batch.rows(chunk).to(world.device)
+        mb = chunk.to(world.device)
         with grad_sync(module, i == len(chunks) - 1), autocast_context(world.device, run.cfg.train.autocast):
-            lp, _ = module(
-                mb.input_ids,
-                (mb.documents >= 0).long(),
-                mb.target_mask,
-                1.0,
-                share_prefix=False,
-                documents=mb.documents,
-                positions=mb.positions,
-            )  # [b, T]
+            lp = row_logprobs(module, mb)  # [b, T]
             loss = -(lp * mb.weights).sum()
             (loss * scale).backward()
         loss_sum += float(loss.detach())
-        nll_sum += float(-(lp.detach() * mb.target_mask).sum()) / max(g_tokens, 1.0)
+        nll_sum += float(-(lp.detach() * mb.target_mask).sum()) / max(global_tokens, 1.0)
     return {"loss/total": loss_sum, "loss/nll": nll_sum}
 
 
-def step_batch(run: Run, examples: list[Example]) -> SFTBatch:
-    """This rank's share of `examples` (every world_size-th) as rows, weighted with the global counts."""
+def step_batch(run: Run, examples: list[Example]) -> tuple[SFTBatch, float]:
+    """This rank's share of `examples` (every world_size-th) as rows, weighted with the global counts; and
+    the global count of trained tokens."""
     d, world = run.cfg.data, run.world
     mine = examples[world.rank :: world.world_size]
     g_tokens = all_reduce_sum(float(sum(e.trained_tokens for e in mine)), world)
     pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tokenizer.eos_token_id
-    return build_batch(
+    batch = build_batch(
         mine, run.cfg.algo.loss_agg, g_tokens, float(len(examples)), d.max_length, d.packing, pad
     )
+    return batch, g_tokens
 
 
 def sft_step(run: Run, state: TrainState) -> dict[str, float]:
@@ -126,12 +132,11 @@ def sft_step(run: Run, state: TrainState) -> dict[str, float]:
     assert data is not None, "setup loads the data when train.stage = 'sft'"
     run.heartbeat.beat(phase="update")
     indices = step_indices(state.step, len(data.train), d.batch_size, cfg.train.seed, d.shuffle)
-    batch = step_batch(run, [data.train[i] for i in indices])
+    batch, g_tokens = step_batch(run, [data.train[i] for i in indices])
     lr = state.optimizer.param_groups[0]["lr"]
     state.optimizer.zero_grad(set_to_none=True)
-    sums = sft_backward(
-        run.train_module or as_logprob_module(state.policy), batch, cfg.train.micro_batch_size, run
-    )
+    module = run.train_module or as_logprob_module(state.policy)
+    sums = sft_backward(module, batch, g_tokens, cfg.train.micro_batch_size, run)
     stats = all_reduce_stats(
         {
             **sums,
@@ -193,13 +198,8 @@ def held_out_loss(run: Run, state: TrainState) -> dict[str, float]:
     batch = build_batch(data.eval, "token_mean", tokens, float(len(data.eval)), d.max_length, d.packing, pad)
     module = as_logprob_module(run.whole_policy(state))
     total = 0.0
-    size = run.cfg.train.micro_batch_size
-    for i in range(0, batch.input_ids.shape[0], size):
+    for chunk in batch.chunks(run.cfg.train.micro_batch_size):
         pulse()
-        mb = batch.rows(range(i, min(i + size, batch.input_ids.shape[0]))).to(run.world.device)
-        lp, _ = module(
-            mb.input_ids, (mb.documents >= 0).long(), mb.target_mask, 1.0, share_prefix=False,
-            documents=mb.documents, positions=mb.positions,
-        )  # fmt: skip
-        total += float(-(lp * mb.weights).sum())
+        mb = chunk.to(run.world.device)
+        total += float(-(row_logprobs(module, mb) * mb.weights).sum())
     return {"loss": total, "examples": float(len(data.eval))}
