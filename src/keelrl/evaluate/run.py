@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # torch and transformers load only when a model is evaluated
 
     from keelrl.config import EpisodeConfig
     from keelrl.rollout import Rollout, Sampler, SamplingSettings
+    from keelrl.rollout.episodes import Episode
     from keelrl.tasks import Task, Template
 
 
@@ -131,17 +132,13 @@ def run_eval(
 ) -> list[ProblemResult]:
     """Generate and score `samples` completions for each of the first `num_problems` problems of `split`;
     `on_progress(k)` is called after each batch of k completions. `limits`: an environment's budgets."""
-    from keelrl.rollout.episodes import Episode, Prompter, run_episodes
+    from keelrl.rollout.episodes import Prompter, run_episodes
 
     results = [
         ProblemResult(i, p, task.difficulty(p))
         for i, p in ((i, task.problem(split, i)) for i in range(num_problems))
     ]  # type: ignore[arg-type]
-    episodes = [
-        Episode(r.index, r.problem, r.index, stable_hash("eval", seed, r.index, j))
-        for r in results
-        for j in range(samples)
-    ]
+    episodes = eval_episodes([r.problem for r in results], samples, seed)
     rollouts = run_episodes(
         sampler,
         Prompter(task, tokenizer, template, limits),
@@ -157,6 +154,18 @@ def run_eval(
         if behave is not None:
             result.behaviour.append(dict(behave(result.problem, r.prefix + r.text)))
     return results
+
+
+def eval_episodes(problems: Sequence[dict[str, Any]], samples: int, seed: int) -> list[Episode]:
+    """`samples` episodes of each problem (index i = problem i of the split), with eval's seeds: every tool that
+    evaluates held-out problems (keelrl eval, the trainer's evals, keelrl judge) samples the same rows."""
+    from keelrl.rollout.episodes import Episode
+
+    return [
+        Episode(i, p, i, stable_hash("eval", seed, i, j))
+        for i, p in enumerate(problems)
+        for j in range(samples)
+    ]
 
 
 def summarize(results: list[ProblemResult]) -> dict[str, float]:

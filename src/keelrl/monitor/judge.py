@@ -106,16 +106,14 @@ def generate_completions(
     the first `problems` test problems, one sample each with eval's seeds. The completion holds the assistant
     prefix the scorer sees; an environment's episode is written as role-tagged turns."""
     from keelrl.eval_cli import load_for_eval
+    from keelrl.evaluate.run import eval_episodes
     from keelrl.rollout import SamplingSettings, make_sampler, resolve_template
-    from keelrl.rollout.episodes import Episode, Prompter, run_episodes
-    from keelrl.seeds import stable_hash
+    from keelrl.rollout.episodes import Prompter, run_episodes
 
     model, tokenizer = load_for_eval(model_path, device)
     template = resolve_template(template_req, tokenizer)
     prompter = Prompter(task, tokenizer, template)
-    episodes = [
-        Episode(i, task.problem("test", i), i, stable_hash("eval", seed, i, 0)) for i in range(problems)
-    ]
+    episodes = eval_episodes([task.problem("test", i) for i in range(problems)], 1, seed)
     settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature)
     rollouts = run_episodes(make_sampler(None, model, tokenizer), prompter, episodes, settings, batch_size)
     rollouts.sort(key=lambda r: r.problem_index)
