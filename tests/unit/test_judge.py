@@ -131,13 +131,17 @@ def test_api_votes_by_side_never_names_models_and_resumes_after_restart(session:
         assert state["done"] == 5
         status, state, _ = http(f"{server.url}api/undo", {"judge": judge_name})
         assert status == 200 and state["done"] == 4 and state["undone"] == state["pair"]["id"] == 4
-        status, verdict, _ = http(f"{server.url}api/verdict?pair=4")
+        status, verdict, _ = http(f"{server.url}api/verdict?pair=4&judge={judge_name}")
         p4 = pairs[4]
         assert verdict == {
             "id": 4,
             "left": p4.correct_a if p4.a_on_left else p4.correct_b,
             "right": p4.correct_b if p4.a_on_left else p4.correct_a,
         }
+        # the vote that follows is stored as cast with the verdict seen; the earlier ones without
+        assert http(f"{server.url}api/vote", {"judge": judge_name, "pair_id": 4, "choice": "tie"})[0] == 200
+        assert [v.verdict_seen for v in store.votes(judge_name)] == [False] * 4 + [True]
+        assert http(f"{server.url}api/undo", {"judge": judge_name})[0] == 200
     # a new server on the same session: the judge resumes at their first pair without a vote
     with JudgeServer(session) as again:
         status, state, _ = http(f"{again.url}api/state?judge={judge_name}")
@@ -170,7 +174,8 @@ def test_api_votes_by_side_never_names_models_and_resumes_after_restart(session:
         ("api/vote", b"not json", "not JSON"),
         ("api/vote", [1, 2], "JSON object"),
         ("api/undo", {}, "judge name is required"),
-        ("api/verdict?pair=-3", None, "no pair -3"),
+        ("api/verdict?pair=-3&judge=x", None, "no pair -3"),
+        ("api/verdict?pair=1", None, "judge name is required"),
     ],
 )
 def test_bad_requests_get_400_with_a_message(session: Path, path: str, body: Any, message: str):
@@ -246,6 +251,26 @@ def test_results_match_a_hand_computation(tmp_path: Path):
     assert res["verifier_accuracy"] == {"A": 0.75, "B": 0.5, "C": 0.0}
     text = render_results(res)
     assert "A vs B: 0.50" in text and "runs/x/final" in text and "judges agree: 0.80" in text
+
+
+def test_votes_after_seeing_the_verdict_leave_the_verifier_agreement(tmp_path: Path):
+    """bob asked for the verdict on pair 1 before voting (against the verifier there): his vote counts in the
+    win rates but not as evidence of agreeing (or not) with the verifier, and the export says so."""
+    session = fixed_session(tmp_path)
+    store = JudgeStore(session / "session.sqlite")
+    store.mark_verdict_shown(1, "bob")
+    store.vote(1, "bob", "b", now=30.0)  # re-cast after seeing it
+    assert [v.verdict_seen for v in store.votes() if (v.judge, v.pair_id) == ("bob", 1)] == [True]
+    assert not any(v.verdict_seen for v in store.votes() if v.judge == "ann")
+    res = results(session, resamples=20)
+    assert res["votes_with_verdict_seen"] == 1
+    # the hand count above (7 of 8) without bob's vote on pair 1 (the one that disagreed): 7 of 7
+    assert res["verifier_agreement"] == {"agreement": pytest.approx(1.0), "votes": 7.0}
+    ab = next(p for p in res["pairwise"] if (p["a"], p["b"]) == ("A", "B"))
+    assert ab["n"] == 8  # still a vote between the models
+    export_preferences(session, tmp_path / "prefs.jsonl")
+    seen = [json.loads(x)["metadata"]["verdict_seen"] for x in (tmp_path / "prefs.jsonl").read_text().splitlines()]
+    assert sum(seen) == 1
 
 
 def test_results_without_judge_overlap_have_no_nan(tmp_path: Path):

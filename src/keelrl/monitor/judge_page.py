@@ -210,7 +210,7 @@ async function act(what) {
   if (what === "verdict") {
     setBusy(true);
     try {
-      const v = await api("/api/verdict?pair=" + current.id);
+      const v = await api("/api/verdict?pair=" + current.id + "&judge=" + encodeURIComponent(judge));
       for (const side of ["left", "right"]) {
         const ok = v[side];
         $("v-" + side).textContent = ok === null ? "verifier: no verdict" : ok ? "verifier: accepted" : "verifier: rejected";

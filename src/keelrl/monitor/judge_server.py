@@ -8,7 +8,8 @@ Endpoints (JSON in and out; a bad request gets 400 with `{"error": message}`):
   sides and committed to SQLite before the answer is sent (a killed server loses no acknowledged vote);
   answers with the new state.
 - `POST /api/undo {judge}`: deletes the judge's newest vote; answers with the new state.
-- `GET /api/verdict?pair=ID`: the verifier's verdict on the left and right completions (hidden until asked).
+- `GET /api/verdict?pair=ID&judge=NAME`: the verifier's verdict on the left and right completions (hidden until
+  asked); the judge's vote on that pair is then stored as cast with the verdict seen.
 - `GET /api/results`: `judge.results` (names revealed).
 The server is stateless beyond the store, so stopping it and starting another on the same session resumes
 every judge exactly where their votes say.
@@ -95,8 +96,9 @@ class JudgeApp:
         undone = self.store.undo(judge)
         return {**self.state(judge), "undone": undone}
 
-    def verdict(self, pair_value: Any) -> dict[str, Any]:
+    def verdict(self, pair_value: Any, judge: str) -> dict[str, Any]:
         p = self.pair(pair_value)
+        self.store.mark_verdict_shown(p.id, judge)
         left, right = (p.correct_a, p.correct_b) if p.a_on_left else (p.correct_b, p.correct_a)
         return {"id": p.id, "left": left, "right": right}
 
@@ -149,7 +151,7 @@ def _handler(app: JudgeApp) -> type[BaseHTTPRequestHandler]:
                 elif method == "GET" and url.path == "/api/state":
                     self._json(200, app.state(judge_name(query.get("judge"))))
                 elif method == "GET" and url.path == "/api/verdict":
-                    self._json(200, app.verdict(query.get("pair")))
+                    self._json(200, app.verdict(query.get("pair"), judge_name(query.get("judge"))))
                 elif method == "GET" and url.path == "/api/results":
                     self._json(200, app.results())
                 elif method == "POST" and url.path == "/api/vote":

@@ -32,6 +32,10 @@ CREATE TABLE IF NOT EXISTS votes (
     cast_at REAL NOT NULL, outcome TEXT NOT NULL, winner_side TEXT
 );
 CREATE INDEX IF NOT EXISTS votes_by_judge ON votes (judge, pair_id);
+CREATE TABLE IF NOT EXISTS verdicts_shown (
+    judge TEXT NOT NULL, pair_id INTEGER NOT NULL REFERENCES pairs(id), shown_at REAL NOT NULL,
+    PRIMARY KEY (judge, pair_id)
+);
 """
 
 
@@ -58,6 +62,7 @@ class StoredVote:
     cast_at: float
     outcome: str
     winner_side: str | None  # "left" / "right" for a and b outcomes, None for tie and skip
+    verdict_seen: bool = False  # the judge had asked for the verifier's verdict on this pair before voting
 
 
 class JudgeStore:
@@ -69,6 +74,9 @@ class JudgeStore:
         with self._db() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(votes)")}
+            if "verdict_seen" not in columns:  # a session made before votes recorded it
+                db.execute("ALTER TABLE votes ADD COLUMN verdict_seen INTEGER NOT NULL DEFAULT 0")
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -148,13 +156,25 @@ class JudgeStore:
             side = None
             if outcome in ("a", "b"):
                 side = "left" if (outcome == "a") == a_on_left else "right"
+            seen = db.execute(
+                "SELECT 1 FROM verdicts_shown WHERE judge = ? AND pair_id = ?", (judge, pair_id)
+            ).fetchone()
             db.execute("DELETE FROM votes WHERE judge = ? AND pair_id = ?", (judge, pair_id))
             cur = db.execute(
-                "INSERT INTO votes (pair_id, judge, cast_at, outcome, winner_side) VALUES (?, ?, ?, ?, ?)",
-                (pair_id, judge, cast_at, outcome, side),
+                "INSERT INTO votes (pair_id, judge, cast_at, outcome, winner_side, verdict_seen) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (pair_id, judge, cast_at, outcome, side, int(seen is not None)),
             )
             vote_id = int(cur.lastrowid or 0)
-        return StoredVote(vote_id, pair_id, judge, cast_at, outcome, side)
+        return StoredVote(vote_id, pair_id, judge, cast_at, outcome, side, seen is not None)
+
+    def mark_verdict_shown(self, pair_id: int, judge: str, now: float | None = None) -> None:
+        """`judge` has seen the verifier's verdict on pair `pair_id`: their vote on it is no longer blind to it."""
+        with self._db() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO verdicts_shown (judge, pair_id, shown_at) VALUES (?, ?, ?)",
+                (judge, pair_id, time.time() if now is None else now),
+            )
 
     def undo(self, judge: str) -> int | None:
         """Delete `judge`'s newest vote; returns its pair id (None when they have none)."""
@@ -173,7 +193,7 @@ class JudgeStore:
             query, args = query + " WHERE judge = ?", (judge,)
         with self._db() as db:
             rows = db.execute(query + " ORDER BY id", args).fetchall()
-        return [StoredVote(*r) for r in rows]
+        return [StoredVote(*r[:6], bool(r[6])) for r in rows]
 
     def next_pair(self, judge: str) -> int | None:
         """The first pair (by id) `judge` has not voted on, or None when they are done."""
