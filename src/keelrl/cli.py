@@ -66,7 +66,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             "-m",
             "keelrl",
             "worker",
-            args.config,
+            *([args.config] if args.config else []),  # none: the defaults (keelrl rm train without --config)
             "--run-dir",
             str(run_dir),
             "--resume",
@@ -88,6 +88,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     """`keelrl train` with train.stage = "sft" (so the supervisor's workers get it too)."""
     args.set = ["train.stage=sft", *args.set]
+    return cmd_train(args)
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """`keelrl rm train PREFS --model M`: `keelrl train` with train.stage = "rm" on those pairs."""
+    model = [f"model.path={args.model}"] if args.model else []
+    args.set = ["train.stage=rm", f"data.path={args.prefs}", *model, *args.set]
+    args.run_dir = args.run_dir or str(Path("runs") / f"rm-{Path(args.prefs).stem}")
     return cmd_train(args)
 
 
@@ -126,7 +134,8 @@ def _print_outcome(run_dir: Path) -> None:
         summary = json.loads(summary_file.read_text())
         acc = summary.get("final_eval", {}).get("accuracy")
         shown = f"{acc:.3f}" if isinstance(acc, (int, float)) else "n/a"
-        print(f"done: {summary.get('steps')} steps, final eval accuracy {shown}, run dir {run_dir}")
+        what = "held-out pair accuracy" if summary.get("stage") == "rm" else "final eval accuracy"
+        print(f"done: {summary.get('steps')} steps, {what} {shown}, run dir {run_dir}")
     elif status:
         at = f" at step {status['step']}" if status.get("step") is not None else ""
         print(f"run {status.get('state')}{at}; run dir {run_dir}")
@@ -187,8 +196,9 @@ def cmd_fields(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_train_options(t: argparse.ArgumentParser) -> None:
-    t.add_argument("config", help="TOML config file (see configs/)")
+def _add_train_options(t: argparse.ArgumentParser, positional_config: bool = True) -> None:
+    if positional_config:
+        t.add_argument("config", help="TOML config file (see configs/)")
     t.add_argument(
         "--set",
         action="append",
@@ -246,8 +256,24 @@ def build_parser() -> argparse.ArgumentParser:
     rf.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     rf.set_defaults(func=cmd_rft)
 
+    rm = sub.add_parser("rm", help="reward models: `keelrl rm train PREFS.jsonl --model M`")
+    rm_sub = rm.add_subparsers(dest="rm_command", required=True)
+    rt = rm_sub.add_parser(
+        "train",
+        help="fit a Bradley-Terry reward model (model.path's decoder + a scalar head) to preference pairs",
+    )
+    rt.add_argument(
+        "prefs", help="preference pairs ({prompt, chosen, rejected} per line; keelrl judge --export)"
+    )
+    rt.add_argument(
+        "--model", help="the decoder to start from (model.path): hub id, directory, RUN/final, tiny"
+    )
+    rt.add_argument("--config", help="TOML config for everything else ([data], [algo] lr, [train], ...)")
+    _add_train_options(rt, positional_config=False)
+    rt.set_defaults(func=cmd_rm)
+
     w = sub.add_parser("worker", help=argparse.SUPPRESS)  # what the supervisor runs
-    w.add_argument("config")
+    w.add_argument("config", nargs="?")
     w.add_argument("--set", action="append", default=[])
     w.add_argument("--run-dir")
     w.add_argument("--resume", choices=["auto", "never"], default="auto")

@@ -102,6 +102,8 @@ def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> int:
     if errors:
         injected = any("injected fault" in e for e in errors)
         run.event("score_errors", state.step, count=len(errors), first=errors[0], injected=injected)
+    if run.reward_model is not None:  # reward.model: the learned score joins the verifier's (rm/learned.py)
+        run.reward_model.apply(run.prompter, rollouts)
     return len(errors)
 
 
@@ -215,7 +217,15 @@ def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
         "repetition/frac": float(repetitive.mean()),
         "tokens/generated": float(length.sum()),
         **(episode_metrics(run, rollouts) if run.prompter.multiturn else {}),
+        **(learned_reward_metrics(run, rollouts) if run.reward_model is not None else {}),
     }
+
+
+def learned_reward_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
+    """reward.model: the batch's mean raw learned score and mean verifier reward (the two parts of reward/mean)."""
+    local = [(r.info["reward_model"], r.info["verifier_reward"]) for r in rollouts]
+    rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 2]
+    return {"reward/model": float(rows[:, 0].mean()), "reward/verifier": float(rows[:, 1].mean())}
 
 
 def episode_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:

@@ -18,6 +18,7 @@ from keelrl.config_load import ConfigError as ConfigError  # re-exported: the er
 from keelrl.config_load import apply_overrides, read_toml, validate
 from keelrl.guards.rules import GuardsConfig
 from keelrl.lora_config import LoraConfig as LoraConfig  # re-exported: its home is lora_config.py
+from keelrl.rm.config import RewardConfig as RewardConfig  # re-exported: its home is rm/config.py
 from keelrl.rollout.vllm_config import VLLMConfig
 from keelrl.sft.config import DataConfig as DataConfig  # re-exported: its home is sft/config.py
 
@@ -166,11 +167,13 @@ class EpisodeConfig(Section):
 
 
 class TrainConfig(Section):
-    stage: Literal["rl", "sft"] = Field(
+    stage: Literal["rl", "sft", "rm"] = Field(
         "rl",
         description=(
             "What a step does: rl samples, scores and updates (the default); sft takes data.batch_size examples "
-            "of [data] and minimises their answers' negative log-likelihood (`keelrl sft` sets it)."
+            "of [data] and minimises their answers' negative log-likelihood (`keelrl sft` sets it); rm fits a "
+            "reward model (model.path's decoder with a scalar head) to data.batch_size preference pairs of "
+            "[data] (`keelrl rm train` sets it)."
         ),
     )
     steps: int = Field(
@@ -510,8 +513,12 @@ class Config(Section):
         default_factory=VLLMConfig, description="The vLLM engine (rollout.engine = 'vllm')."
     )
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm settings.")
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig, description="A learned reward model scoring RL's completions."
+    )
     data: DataConfig = Field(
-        default_factory=DataConfig, description="Supervised fine-tuning data (train.stage = 'sft')."
+        default_factory=DataConfig,
+        description="What SFT (examples) and reward-model training (preference pairs) train on.",
     )
     train: TrainConfig = Field(default_factory=TrainConfig, description="Loop settings.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training.")

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 def check_batch_arithmetic(cfg: Config, world_size: int) -> None:
     """Raise ValueError spelling out the arithmetic when batch settings do not fit together."""
     r, a, t = cfg.rollout, cfg.algo, cfg.train
-    if t.stage == "sft":
+    if t.stage in ("sft", "rm"):
         return check_sft(cfg, world_size)
     if r.batch_size % r.group_size:
         raise ValueError(
@@ -87,12 +87,12 @@ def check_off_policy(cfg: Config) -> None:
 
 
 def check_sft(cfg: Config, world_size: int) -> None:
-    """train.stage = "sft": data to train on, examples that split over the ranks, and no RL-only machinery
-    that SFT would silently ignore."""
-    d = cfg.data
+    """train.stage = "sft" or "rm": data to train on, examples that split over the ranks, and no RL-only
+    machinery that the stage would silently ignore."""
+    d, stage = cfg.data, cfg.train.stage
     if not d.path:
         raise ValueError(
-            "train.stage = 'sft' needs data.path (a JSONL/Parquet/Arrow file, or --set data.path=FILE)"
+            f"train.stage = '{stage}' needs data.path (a JSONL/Parquet/Arrow file, or --set data.path=FILE)"
         )
     if d.batch_size % world_size:
         raise ValueError(
@@ -103,8 +103,11 @@ def check_sft(cfg: Config, world_size: int) -> None:
         "rollout.max_staleness": cfg.rollout.max_staleness != 0,
         "algo.kl_coef": cfg.algo.kl_coef > 0,
         "algo.advantage = 'gae'": cfg.algo.advantage == "gae",
+        "reward.model": bool(cfg.reward.model),
     }
+    if stage == "rm":  # a reward model samples nothing
+        refused.update({"rollout.engine = 'vllm'": cfg.rollout.engine == "vllm", "data.packing": d.packing})
     if bad := [k for k, on in refused.items() if on]:
         raise ValueError(
-            f"train.stage = 'sft' does not use {', '.join(bad)} (RL settings); remove them from the SFT config"
+            f"train.stage = '{stage}' does not use {', '.join(bad)}; remove them from the {stage.upper()} config"
         )

@@ -23,13 +23,14 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -44,6 +45,10 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_PROBE_S = 3.0  # how long the hub's host may take to accept a connection (name lookup included)
 # what transformers raises on files it cannot use (a cut-short safetensors file raises SafetensorError)
 READ_ERRORS = (OSError, ValueError, KeyError, ImportError, EOFError, SafetensorError)
+# What sits on the decoder: "lm" the language-model head (a policy), "reward" one scalar per sequence (a reward
+# model, transformers' ...ForSequenceClassification with num_labels = 1, as TRL and OpenRLHF store them)
+Head = Literal["lm", "reward"]
+HEADS: dict[str, Any] = {"lm": AutoModelForCausalLM, "reward": AutoModelForSequenceClassification}
 
 
 def quiet_transformers() -> None:
@@ -85,7 +90,7 @@ def is_char_tokenizer(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 
 def build_tiny_model(
-    cfg: TinyModelConfig, vocab_size: int, eos_id: int, attn_implementation: str = "auto"
+    cfg: TinyModelConfig, vocab_size: int, eos_id: int, attn_implementation: str = "auto", head: Head = "lm"
 ) -> PreTrainedModel:
     """A randomly initialised Llama or Qwen2 decoder; the weights depend only on `cfg.init_seed`."""
     common = dict(
@@ -111,7 +116,30 @@ def build_tiny_model(
         hf_config = Qwen2Config(**common)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
-        model = AutoModelForCausalLM.from_config(hf_config, **_attn_kwargs(attn_implementation))
+        for key, value in _head_kwargs(head).items():
+            setattr(hf_config, key, value)
+        model = HEADS[head].from_config(hf_config, **_attn_kwargs(attn_implementation))
+    return _zero_new_head(model, [], head)
+
+
+def _head_kwargs(head: Head) -> dict[str, Any]:
+    return {"num_labels": 1} if head == "reward" else {}
+
+
+def _zero_new_head(model: PreTrainedModel, architectures: list[str] | None, head: Head) -> PreTrainedModel:
+    """A reward head made fresh on a decoder (its source was not a reward model) starts at zero, as the critic's
+    does: every score starts at 0 and the weights do not depend on the RNG."""
+    if head == "reward" and not any(a.endswith("ForSequenceClassification") for a in architectures or []):
+        score = getattr(model, "score", None)
+        if not isinstance(score, torch.nn.Linear):
+            raise ModelLoadError(
+                f"{type(model).__name__} has no linear `score` head; keelrl's reward models are decoders with "
+                "one (LlamaForSequenceClassification, Qwen2ForSequenceClassification, ...)"
+            )
+        with torch.no_grad():
+            score.weight.zero_()
+            if score.bias is not None:
+                score.bias.zero_()
     return model
 
 
@@ -141,11 +169,12 @@ def _attn_kwargs(attn_implementation: str) -> dict[str, str]:
     return {} if attn_implementation == "auto" else {"attn_implementation": attn_implementation}
 
 
-def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_policy(cfg: ModelConfig, head: Head = "lm") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (model, tokenizer) as `cfg.path` says. The model is in eval mode on CPU; the caller moves it.
-    `cfg.fp32_head`: its output head computes in float32 (`use_fp32_head`)."""
-    model, tokenizer = _load(cfg)
-    if cfg.fp32_head:
+    `cfg.fp32_head`: its output head computes in float32 (`use_fp32_head`). `head = "reward"`: the decoder
+    with a scalar head instead (a reward model; a fresh head starts at zero)."""
+    model, tokenizer = _load(cfg, head)
+    if cfg.fp32_head and head == "lm":
         use_fp32_head(model)
     return model, tokenizer
 
@@ -169,29 +198,29 @@ def _fp32_linear(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(hidden.float(), self.weight.float(), bias)
 
 
-def _load(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def _load(cfg: ModelConfig, head: Head = "lm") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     path, attn = cfg.path, cfg.attn_implementation
     if path == "tiny":
         tokenizer = build_char_tokenizer()
         try:
-            model = build_tiny_model(cfg.tiny, len(tokenizer), tokenizer.eos_token_id, attn)
+            model = build_tiny_model(cfg.tiny, len(tokenizer), tokenizer.eos_token_id, attn, head)
         except (ValueError, ImportError) as err:
             raise ModelLoadError(f"could not build the tiny model: {err}") from None
         return model.to(_dtype(cfg.dtype)).eval(), tokenizer
     if path == "smollm2":
-        return load_gguf(smollm2_gguf_path(), cfg.dtype, attn)
+        return load_gguf(smollm2_gguf_path(), cfg.dtype, attn, head)
     p = Path(path).expanduser()
     if p.suffix == ".gguf":
         if not p.is_file():
             raise ModelLoadError(f"model file {p} does not exist. Give the path of an existing .gguf file.")
-        return load_gguf(p, cfg.dtype, attn)
+        return load_gguf(p, cfg.dtype, attn, head)
     if p.exists() or path.startswith((".", "/", "~")):
-        return load_local_dir(p, cfg.dtype, cfg.trust_remote_code, attn)
-    return load_hub(path, cfg.dtype, cfg.trust_remote_code, attn)
+        return load_local_dir(p, cfg.dtype, cfg.trust_remote_code, attn, head)
+    return load_hub(path, cfg.dtype, cfg.trust_remote_code, attn, head)
 
 
 def load_gguf(
-    path: Path, dtype: str, attn_implementation: str = "auto"
+    path: Path, dtype: str, attn_implementation: str = "auto", head: Head = "lm"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     try:
         import gguf  # noqa: F401
@@ -201,8 +230,12 @@ def load_gguf(
         ) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=_dtype(dtype), **_attn_kwargs(attn_implementation)
+        model = HEADS[head].from_pretrained(
+            path.parent,
+            gguf_file=path.name,
+            dtype=_dtype(dtype),
+            **_head_kwargs(head),
+            **_attn_kwargs(attn_implementation),
         )
     except (*READ_ERRORS, RuntimeError) as err:
         raise ModelLoadError(
@@ -215,11 +248,11 @@ def load_gguf(
     model.is_quantized = False
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
-    return model.eval(), _ensure_pad(tokenizer)
+    return _zero_new_head(model, [], head).eval(), _ensure_pad(tokenizer)
 
 
 def load_local_dir(
-    path: Path, dtype: str, trust_remote_code: bool, attn_implementation: str = "auto"
+    path: Path, dtype: str, trust_remote_code: bool, attn_implementation: str = "auto", head: Head = "lm"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if not path.exists():
         raise ModelLoadError(
@@ -241,12 +274,14 @@ def load_local_dir(
         raise ModelLoadError(f"{path} is not a model directory: it has no config.json.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
+        model = HEADS[head].from_pretrained(
             resolved,
             dtype=_dtype(dtype),
             trust_remote_code=trust_remote_code,
+            **_head_kwargs(head),
             **_attn_kwargs(attn_implementation),
         )
+        model = _zero_new_head(model, AutoConfig.from_pretrained(resolved).architectures, head)
     except READ_ERRORS as err:
         damaged = (
             " A weights file there (model.safetensors, or the shards it names) is cut short or corrupted: "
@@ -311,7 +346,7 @@ def _hub_offline_reason(name: str) -> str | None:
 
 
 def load_hub(
-    name: str, dtype: str, trust_remote_code: bool, attn_implementation: str = "auto"
+    name: str, dtype: str, trust_remote_code: bool, attn_implementation: str = "auto", head: Head = "lm"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     offline = _hub_offline_reason(name) is not None
     common = {"trust_remote_code": trust_remote_code, "local_files_only": offline}
@@ -319,11 +354,17 @@ def load_hub(
     # local_files_only on (transformers 5.19): offline, that probe retried for 30 s before giving up.
     adapter = {"adapter_kwargs": {"local_files_only": True}} if offline else {}
     try:
-        AutoConfig.from_pretrained(name, **common)
+        architectures = AutoConfig.from_pretrained(name, **common).architectures
         tokenizer = AutoTokenizer.from_pretrained(name, **common)
-        model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=_dtype(dtype), **common, **adapter, **_attn_kwargs(attn_implementation)
+        model = HEADS[head].from_pretrained(
+            name,
+            dtype=_dtype(dtype),
+            **common,
+            **adapter,
+            **_head_kwargs(head),
+            **_attn_kwargs(attn_implementation),
         )
+        model = _zero_new_head(model, architectures, head)
     except READ_ERRORS as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         kernel = (

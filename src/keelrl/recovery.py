@@ -28,6 +28,7 @@ from keelrl.guards.base import Finding
 from keelrl.guards.engine import Guardian
 from keelrl.lora import has_lora, lora_summary, merged_model, save_adapter_dir
 from keelrl.models import model_summary, save_hf_dir
+from keelrl.rm.step import write_card
 from keelrl.run import CheckpointStop, GuardStop, Run
 from keelrl.state import TrainState
 from keelrl.supervisor import pulse
@@ -332,6 +333,8 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
                 save_adapter_dir(policy, run.run_dir.final_dir / "adapter", base)
             else:
                 save_hf_dir(policy, run.tokenizer, run.run_dir.final_dir)
+            if cfg.train.stage == "rm":  # what RL's reward.model needs beyond the weights (rm/model.py)
+                write_card(run, state, final_eval)
         except ckpt.WRITE_ERRORS as err:
             run.report_status(state="stopped", step=state.step)
             raise CheckpointStop(
@@ -342,6 +345,7 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
         initial = next((m for m in run.run_dir.metrics() if m.get("step") == 0 and "eval/accuracy" in m), {})
         summary = {
             "state": "finished",
+            "stage": cfg.train.stage,
             "steps": state.step,
             "final_eval": {k.removeprefix("eval/"): v for k, v in final_eval.items() if k != "step"},
             "initial_eval": {k.removeprefix("eval/"): v for k, v in initial.items() if k.startswith("eval/")},

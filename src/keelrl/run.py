@@ -97,7 +97,8 @@ class Run:
     lock: RunLock | None = None  # the run directory's lock, when this process holds it (no supervisor)
     scorer: Any = None  # Ray actors scoring rewards (distributed.scorer = "ray"), else None
     pipeline: Pipeline | None = None  # rollout.max_staleness >= 1: batches sampled ahead in another process
-    sft_data: Any = None  # train.stage = "sft": the encoded examples (sft/step.py SFTData)
+    reward_model: Any = None  # reward.model: the learned reward (rm/learned.py LearnedReward)
+    stage_data: Any = None  # SFT's encoded examples (sft/step.py SFTData); RM's pairs (rm/step.py PairData)
     console: ConsoleSink | None = None
     sinks: list[Sink] = field(default_factory=list)
     started: float = field(default_factory=time.time)

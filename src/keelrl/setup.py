@@ -30,6 +30,8 @@ from keelrl.models import compile_decoder, load_policy
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.run_lock import RunLock, RunLockedError, hold
 from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
+from keelrl.rm.learned import LearnedReward
+from keelrl.rm.step import load_pairs
 from keelrl.rollout import SAMPLERS, SamplingSettings, make_async_sampler, make_sampler, resolve_template
 from keelrl.rollout.episodes import Prompter
 from keelrl.rollout.pipeline import Pipeline, ProgressCount
@@ -130,7 +132,12 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             "model.lora with distributed.strategy = 'fsdp2' is not built; use 'ddp' (the optimizer state of "
             "adapters is small, so sharding it saves little)"
         )
-    policy, tokenizer = load_policy(cfg.model)
+    if cfg.train.stage == "rm" and (world.world_size > 1 or cfg.model.lora.rank):
+        raise ValueError(
+            "train.stage = 'rm' (reward-model training) runs in one process and trains the whole model for now: "
+            f"this run has {world.world_size} ranks and model.lora.rank = {cfg.model.lora.rank}"
+        )
+    policy, tokenizer = load_policy(cfg.model, head="reward" if cfg.train.stage == "rm" else "lm")
     # LoRA: adapters in, base frozen, before wrapping and the optimizer (keelrl/lora.py)
     lora_base = apply_lora(policy, cfg.model.lora, cfg.model.path) if cfg.model.lora.rank else None
     policy.to(world.device)
@@ -138,6 +145,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     if cfg.train.compile:
         compile_decoder(policy)
     template = resolve_template(cfg.task.template, tokenizer)
+    reward_model = LearnedReward(cfg.reward, cfg.model, world.device) if cfg.reward.model else None
     run_dir = RunDir(run_path, writer=world.is_writer)  # created only once the inputs are known to be good
     lock = lock_run_dir(run_dir, world)  # before anything in it is written
     engines: list[Any] = []  # Ray pools started so far: they must not outlive a failed setup
@@ -238,7 +246,8 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             if c.async_save
             else None,
             pipeline=pipeline,
-            sft_data=load_sft_data(cfg, tokenizer, task, template) if cfg.train.stage == "sft" else None,
+            stage_data=load_stage_data(cfg, tokenizer, task, template),
+            reward_model=reward_model,
         )
         sync_sampler(run, state, state.step)
         if pipeline is not None:
@@ -253,6 +262,15 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             lock.release()
         raise
     return run, state
+
+
+def load_stage_data(cfg: Config, tokenizer: Any, task: Any, template: str) -> Any:
+    """What an SFT or reward-model run trains on (None for RL: it samples its data)."""
+    if cfg.train.stage == "sft":
+        return load_sft_data(cfg, tokenizer, task, template)
+    if cfg.train.stage == "rm":
+        return load_pairs(cfg, tokenizer)
+    return None
 
 
 def lock_run_dir(run_dir: RunDir, world: World) -> RunLock | None:

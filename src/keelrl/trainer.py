@@ -4,7 +4,8 @@
 
 `setup` builds a `Run` and a `TrainState` (run.py); each phase is one call into the module named after it:
 collect.py, update.py, recovery.py. docs/ARCHITECTURE.md draws the data flow of one step. With
-`train.stage = "sft"` the same loop runs a supervised step instead (`STEPS`, sft/step.py).
+`train.stage = "sft"` the same loop runs a supervised step instead, with "rm" a reward model's step (`STEPS`,
+sft/step.py, rm/step.py).
 
 Where this departs from the usual GRPO trainer, and why:
 - Old-policy log-probs come from the sampler by default (`algo.old_logprobs = "sampler"`): the in-process
@@ -46,6 +47,7 @@ from keelrl.recovery import (
     stop_unsaved,
     update_best,
 )
+from keelrl.rm.step import held_out_pairs, rm_step
 from keelrl.run import GuardStop, ResumeError, Run, RunStop
 from keelrl.setup import ResumeMode, setup, shutdown_engines
 from keelrl.sft.step import held_out_loss, sft_step
@@ -63,8 +65,8 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
     world = run.world
     if run.console is not None:
         on = f"{cfg.task.name} [{run.prompter.template}]"
-        if run.sft_data is not None:
-            on = f"SFT data {cfg.data.path}: {run.sft_data.describe()}"
+        if run.stage_data is not None:
+            on = f"{cfg.train.stage.upper()} data {cfg.data.path}: {run.stage_data.describe()}"
         run.console.message(
             f"keelrl: {cfg.model.path} ({model_summary(state.policy)['parameters'] / 1e6:.2f}M params) on "
             f"{on}, {cfg.train.steps} steps, run dir {run.run_dir.path}; {world.describe()}"
@@ -176,7 +178,11 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
 
 
 # What one step of the loop does, by train.stage
-STEPS: dict[str, Callable[[Run, TrainState], dict[str, float]]] = {"rl": train_step, "sft": sft_step}
+STEPS: dict[str, Callable[[Run, TrainState], dict[str, float]]] = {
+    "rl": train_step,
+    "sft": sft_step,
+    "rm": rm_step,
+}
 
 
 def log_step(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
@@ -201,9 +207,9 @@ def eval_phase(run: Run, state: TrainState) -> dict[str, float]:
 
 def _eval_metrics(run: Run, state: TrainState) -> dict[str, float]:
     cfg = run.cfg
-    if (
-        run.sft_data is not None
-    ):  # SFT: the held-out loss, and the task's accuracy unless data.task_eval is off
+    if cfg.train.stage == "rm":  # a reward model: held-out pair accuracy (as eval/accuracy), loss, margin
+        return {f"eval/{k}": v for k, v in held_out_pairs(run, state).items()}
+    if cfg.train.stage == "sft":  # the held-out loss, and the task's accuracy unless data.task_eval is off
         held_out = {f"eval/{k}": v for k, v in held_out_loss(run, state).items()}
         return held_out if not cfg.data.task_eval else {**held_out, **_task_eval(run, state)}
     return _task_eval(run, state)

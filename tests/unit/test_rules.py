@@ -331,6 +331,28 @@ def test_reward_hacking_reward_up_eval_down() -> None:
     assert not [f for f in check(h) if f.name == "reward_hacking"]
 
 
+def test_reward_hacking_watches_the_learned_reward() -> None:
+    """reward.model: the learned score (reward/model) rises while the verifier's held-out accuracy falls. The
+    combined reward/mean stays flat here (the verifier's share falls as the learned one rises): the rule must
+    read reward/model, and say the reward is learned."""
+    h = healthy(100)
+    for rec in h:
+        s = rec["step"]
+        if "reward/mean" in rec:
+            rec["reward/mean"] = 0.3
+            rec["reward/model"] = 0.5 + 4.0 * min(s, 60) / 60
+        if "eval/accuracy" in rec:
+            rec["eval/accuracy"] = 0.45 if s <= 60 else 0.1
+    f = only(check(h), "reward_hacking")
+    assert f.evidence["reward_now"] == pytest.approx(4.5) and f.evidence["reward_start"] < 1.0
+    assert "learned reward (reward/model)" in f.message and "reward model" in f.suggestion
+    # the learned reward flat while accuracy falls: not hacking (eval_regression's case)
+    for rec in h:
+        if "reward/model" in rec:
+            rec["reward/model"] = 0.5
+    assert not [x for x in check(h) if x.name == "reward_hacking"]
+
+
 def test_reward_hacking_falls_back_to_train_accuracy_without_evals() -> None:
     h = [r for r in healthy(60) if "reward/mean" in r]
     for r in h:
@@ -516,3 +538,21 @@ def test_grad_spike_leaves_sft_runs_to_loss_spike() -> None:
     assert grad_spike(spiked, CFG.grad_spike) is None
     rl = [{k: v for k, v in r.items() if k != "loss/nll"} for r in spiked]
     assert grad_spike(rl, CFG.grad_spike) is not None  # the same numbers in an RL run do fire
+
+
+def test_spike_rules_leave_reward_model_steps_alone() -> None:
+    """A reward model's pair loss and gradient norm are heavy-tailed near convergence (measured: robust z up
+    to 15.5 in healthy runs): check_update with pair_nll skips neither rule's way; nonfinite still fires."""
+    from keelrl.guards.rules import GuardsConfig
+    from keelrl.guards.step import check_update
+
+    history = [
+        {"step": s, "loss/pair_nll": 0.05 + 0.001 * (s % 3), "grad_norm": 0.3 + 0.01 * (s % 3)}
+        for s in range(30)
+    ]
+    cfg = GuardsConfig()
+    assert check_update(history, 30, 0.5, 6.0, 0.0, 1.0, cfg, pair_nll=0.5) is None
+    f = check_update(history, 30, 0.5, 6.0, 0.0, 1.0, cfg)  # the same step as an RL record: a gradient spike
+    assert f is not None and f.name == "grad_spike"
+    f = check_update(history, 30, float("nan"), 6.0, 0.0, 1.0, cfg, pair_nll=float("nan"))
+    assert f is not None and f.name == "nonfinite"

@@ -22,14 +22,17 @@ def check_update(
     advantage_abs_mean: float,
     cfg: GuardsConfig,
     nll: float | None = None,
+    pair_nll: float | None = None,
 ) -> Finding | None:
     """The finding that says to skip this update, or None (always, with guards off). `nll`: SFT's per-token
-    loss, judged by loss_spike."""
+    loss, judged by loss_spike; `pair_nll`: a reward model's per-pair loss (neither spike rule judges it)."""
     if not cfg.enabled:
         return None
     rec = {"step": step, "loss/total": loss, "grad_norm": grad_norm}
     if nll is not None:
         rec["loss/nll"] = nll
+    if pair_nll is not None:
+        rec["loss/pair_nll"] = pair_nll
     # Both rules report critical findings only.
     if cfg.nonfinite.enabled and (f := nonfinite([rec], cfg.nonfinite)) is not None:
         return f

@@ -84,13 +84,6 @@ def _check_resume(store: JudgeStore, models: dict[str, str], settings: dict[str,
         )
 
 
-def _transcript_text(transcript: Sequence[dict[str, Any]]) -> str:
-    """A multi-turn episode as role-tagged turns (ChatML-style markers, which the page splits into turns)."""
-    return "\n".join(
-        f"<|im_start|>{t.get('role', 'assistant')}\n{t.get('content', '')}<|im_end|>" for t in transcript
-    )
-
-
 def generate_completions(
     model_path: str,
     task: Any,
@@ -119,12 +112,9 @@ def generate_completions(
     rollouts.sort(key=lambda r: r.problem_index)
     prompts, texts, verdicts = [], [], []
     for r in rollouts:
-        if prompter.multiturn:
-            prompts.append(tokenizer.decode(r.prompt_ids, skip_special_tokens=True))
-            texts.append(_transcript_text(r.info.get("transcript", [])) or r.text)
-        else:
-            prompts.append(task.prompt(r.problem, template).user)
-            texts.append(r.prefix + r.text)
+        prompt, text = prompter.shown(r)
+        prompts.append(prompt)
+        texts.append(text)
         verdicts.append(bool(r.correct))
     del model
     gc.collect()
@@ -257,8 +247,10 @@ def results(session_dir: str | Path, resamples: int = 500, seed: int = 0) -> dic
     }
     shown = {label: sum(label in (p.model_a, p.model_b) for p in pairs) for label in labels}
     agree_j = judge_agreement([(str(pid), o, judge) for _, _, o, judge, pid in comps])
+    # only votes cast without the verdict: a judge who looked at it is no evidence of agreeing with it
+    blind = comparisons(pairs, [v for v in votes if not v.verdict_seen])
     agree_v = verifier_agreement(
-        [(o, by_id[pid].correct_a, by_id[pid].correct_b) for _, _, o, _, pid in comps]
+        [(o, by_id[pid].correct_a, by_id[pid].correct_b) for _, _, o, _, pid in blind]
     )
     return {
         "session": str(session_dir),
@@ -268,6 +260,7 @@ def results(session_dir: str | Path, resamples: int = 500, seed: int = 0) -> dic
         "votes": len(votes),
         "judges": sorted({v.judge for v in votes}),
         "outcomes": {o: sum(v.outcome == o for v in votes) for o in ("a", "b", "tie", "skip")},
+        "votes_with_verdict_seen": sum(v.verdict_seen for v in votes),
         "pairwise": [
             {"a": a, "b": b, "name_a": names[a], "name_b": names[b], **{k: float(v) for k, v in row.items()}}
             for (a, b), row in sorted(rates.items())
@@ -310,6 +303,7 @@ def render_results(res: dict[str, Any]) -> str:
         "people prefer the completion the verifier accepted: "
         + ("n/a" if va["agreement"] is None else f"{va['agreement']:.2f}")
         + f" over {va['votes']:.0f} votes where it accepted exactly one"
+        + f" (cast without seeing its verdict; {res['votes_with_verdict_seen']} votes were cast after seeing it)"
     )
     return "\n".join(out)
 
@@ -344,6 +338,7 @@ def export_preferences(session_dir: str | Path, out_jsonl: str | Path) -> int:
                     "chosen_model": names[model[win]],
                     "rejected_model": names[model[lose]],
                     "chosen_side": v.winner_side,
+                    "verdict_seen": v.verdict_seen,
                     "verifier": {"chosen_correct": correct[win], "rejected_correct": correct[lose]},
                 },
             }

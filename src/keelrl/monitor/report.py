@@ -35,13 +35,21 @@ PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Learning rate", ("lr",), "lr"),
 )
 
-# Shown only when a run logs one of their keys.
+# Shown only when a run logs their first key (the others may be shared, e.g. eval/accuracy).
 OPTIONAL_PLOTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Critic (algo.advantage = gae)", ("critic/value_loss", "critic/explained_variance"), "loss / fraction"),
     ("Off-policy correction", ("behaviour/ess", "behaviour/cut_frac"), "fraction"),
     ("Asynchronous sampling: waits", ("time/trainer_wait_s", "time/sampler_wait_s"), "seconds per step"),
     ("Asynchronous sampling: staleness", ("async/staleness_mean", "async/staleness_max"), "policy versions"),
     ("Supervised loss (train.stage = sft)", ("loss/nll", "eval/loss"), "nats / token"),
+    ("Reward model (train.stage = rm): pair loss", ("loss/pair_nll", "eval/loss"), "nats / pair"),
+    ("Reward model (train.stage = rm): pair accuracy", ("rm/accuracy", "eval/accuracy"), "fraction of pairs"),
+    # reward.model: the learned reward beside the verifier's held-out accuracy (what reward_hacking compares)
+    (
+        "Learned reward (reward.model) and the verifier's held-out accuracy",
+        ("reward/model", "reward/verifier", "eval/accuracy"),
+        "raw score / reward / fraction",
+    ),
 )
 
 # Run-dependent metric families (title, key prefix, key suffix, y-axis label): after PLOTS, a series per key.
@@ -293,7 +301,7 @@ def _markers(run: RunData, tag: str) -> list[tuple[float, str, str]]:
 def _plots(runs: Sequence[tuple[str, RunData]]) -> list[str]:
     plots = list(PLOTS)
     logged = {k for _, run in runs for m in run.metrics for k in m}
-    plots += [(title, keys, y_label) for title, keys, y_label in OPTIONAL_PLOTS if logged & set(keys)]
+    plots += [(title, keys, y_label) for title, keys, y_label in OPTIONAL_PLOTS if keys[0] in logged]
     for title, prefix, suffix, y_label in FAMILY_PLOTS:
         keys = sorted(k for k in logged if k.startswith(prefix) and k.endswith(suffix))
         if keys:

@@ -61,6 +61,18 @@ class Prompter:
         """Whether the task is an environment (its episodes take turns)."""
         return self.chat is not None
 
+    def shown(self, rollout: Rollout) -> tuple[str, str]:
+        """(prompt, completion) as text, as a person judging it (`keelrl judge`) or a reward model reads it: the
+        task's user message and the assistant prefix + completion; for an environment the decoded opening
+        and the episode's turns, role-tagged (ChatML-style markers, which the judge page splits into turns)."""
+        if not self.multiturn:
+            return self.task.prompt(rollout.problem, self.template).user, rollout.prefix + rollout.text
+        turns = "\n".join(
+            f"<|im_start|>{t.get('role', 'assistant')}\n{t.get('content', '')}<|im_end|>"
+            for t in rollout.info.get("transcript", [])
+        )
+        return self.tokenizer.decode(rollout.prompt_ids, skip_special_tokens=True), turns or rollout.text
+
     def __call__(self, index: int, problem: dict[str, Any]) -> tuple[list[int], str]:
         if index not in self.cache:
             if len(self.cache) > PROMPT_CACHE_LIMIT:

@@ -216,6 +216,18 @@ def is_held_out(index: int, seed: int, fraction: float) -> bool:
     return fraction > 0 and stable_hash("sft-eval", seed, index) % 1_000_000 < fraction * 1_000_000
 
 
+def split_records(
+    path: str, eval_path: str, eval_fraction: float, seed: int
+) -> tuple[list[Record], list[Record]]:
+    """(training records, held-out records): eval_path's records are held out when given, else the
+    `eval_fraction` of path's chosen by `is_held_out` (SFT examples and preference pairs alike)."""
+    records = read_records(path)
+    if eval_path:
+        return records, read_records(eval_path)
+    held = [is_held_out(i, seed, eval_fraction) for i in range(len(records))]
+    return [r for r, h in zip(records, held) if not h], [r for r, h in zip(records, held) if h]
+
+
 def encode_all(
     records: Sequence[Record],
     tokenizer: PreTrainedTokenizerBase,

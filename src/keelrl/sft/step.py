@@ -28,7 +28,7 @@ from keelrl.rollout.chat import chat_format
 from keelrl.rollout.prompts import render_prompt
 from keelrl.run import Run
 from keelrl.sft.batches import SFTBatch, build_batch, epoch_of, step_indices
-from keelrl.sft.data import DataError, Example, encode_all, is_held_out, read_records
+from keelrl.sft.data import DataError, Example, encode_all, split_records
 from keelrl.state import TrainState
 from keelrl.supervisor import pulse
 from keelrl.update import as_logprob_module, end_of_step, grad_norm_and_clip, skip_update
@@ -59,13 +59,7 @@ def load_sft_data(run_cfg: Any, tokenizer: Any, task: Any, template: str) -> SFT
     def render(problem: dict[str, Any]) -> list[int]:
         return render_prompt(tokenizer, task.prompt(problem, template), template)
 
-    records = read_records(d.path)
-    if d.eval_path:
-        train_records, eval_records = records, read_records(d.eval_path)
-    else:
-        held = [is_held_out(i, run_cfg.task.seed, d.eval_fraction) for i in range(len(records))]
-        train_records = [r for r, h in zip(records, held) if not h]
-        eval_records = [r for r, h in zip(records, held) if h]
+    train_records, eval_records = split_records(d.path, d.eval_path, d.eval_fraction, run_cfg.task.seed)
     args = (tokenizer, chat, render, d.max_length, d.too_long)
     train, dropped, truncated = encode_all(train_records, *args, source=str(d.path))
     held_out, _, _ = encode_all(eval_records[: d.eval_examples], *args, source=str(d.eval_path or d.path))
@@ -128,7 +122,7 @@ def step_batch(run: Run, examples: list[Example]) -> tuple[SFTBatch, float]:
 def sft_step(run: Run, state: TrainState) -> dict[str, float]:
     """One SFT step: the step's examples -> forward/backward in micro-batches -> guards -> optimizer step."""
     t0 = time.perf_counter()
-    cfg, d, data = run.cfg, run.cfg.data, run.sft_data
+    cfg, d, data = run.cfg, run.cfg.data, run.stage_data
     assert data is not None, "setup loads the data when train.stage = 'sft'"
     run.heartbeat.beat(phase="update")
     indices = step_indices(state.step, len(data.train), d.batch_size, cfg.train.seed, d.shuffle)
@@ -189,7 +183,7 @@ def sft_step(run: Run, state: TrainState) -> dict[str, float]:
 @torch.no_grad()
 def held_out_loss(run: Run, state: TrainState) -> dict[str, float]:
     """Token-mean NLL of the held-out examples under the current policy (`eval/loss` once prefixed); rank 0."""
-    data = run.sft_data
+    data = run.stage_data
     if data is None or not data.eval:
         return {}
     pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tokenizer.eos_token_id

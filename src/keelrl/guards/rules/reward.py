@@ -152,7 +152,8 @@ def _eval_drop(history: Sequence[Record], min_evals: int) -> tuple[Eval, list[Ev
 
 
 class RewardHackingThresholds(RuleThresholds):
-    """Train reward rises while held-out accuracy (the strict checker) falls."""
+    """Train reward rises while held-out accuracy (the strict checker) falls. With a learned reward
+    (reward.model) the reward watched is the reward model's raw score, reward/model."""
 
     # action stays "warn": rolling back does not make a hackable reward safe; the checker must be fixed.
     # REFERENCE: seed std is 5-15 points and a 200-problem eval at p = 0.5 has a standard error of 0.035
@@ -179,17 +180,29 @@ class RewardHackingThresholds(RuleThresholds):
     )
 
 
+FIX_LEARNED = (
+    "Read the rollouts the reward model scores highest (keelrl doctor quotes some): it rewards something people "
+    "did not mean (length, a phrase). Retrain it with pairs that separate that feature from quality, add the "
+    "verifier's reward (reward.verifier_weight), or stop at the checkpoint of the best eval."
+)
+
+
 def reward_hacking(history: Sequence[Record], t: RewardHackingThresholds) -> Finding | None:
     """Train reward up (above its start, not below its level at the best eval) while eval/accuracy has been
-    below its best for `min_evals` evals; without enough evals, train accuracy stands in."""
-    if (got := start_and_now(history, "reward/mean", t.window, t.window)) is None:
+    below its best for `min_evals` evals; without enough evals, train accuracy stands in. The reward is the
+    learned one (reward/model) when the run has one: the verifier's part of the reward may be what falls."""
+    learned = bool(history) and metric_value(history[-1], "reward/model") is not None
+    key, what = (
+        ("reward/model", "The learned reward (reward/model)") if learned else ("reward/mean", "Train reward")
+    )
+    if (got := start_and_now(history, key, t.window, t.window)) is None:
         return None
     r0, r_now, _ = got
     if r_now - r0 < t.min_reward_rise:
         return None
     if (evals := _eval_drop(history, t.min_evals)) is not None:
         best, recent, drop = evals
-        near = tail(history[: best[0] + 1], "reward/mean", t.window)  # train reward up to the best eval
+        near = tail(history[: best[0] + 1], key, t.window)  # train reward up to the best eval
         r_best = mean_value(near) if near else None
         if drop < t.min_accuracy_drop or r_best is None or r_now < r_best - t.reward_tolerance:
             return None
@@ -204,11 +217,14 @@ def reward_hacking(history: Sequence[Record], t: RewardHackingThresholds) -> Fin
                 "reward_at_best_eval": r_best,
                 "reward_now": r_now,
             },
-            f"Train reward rose from {r0:.3g} to {r_now:.3g} and held, while held-out eval accuracy fell from "
+            f"{what} rose from {r0:.3g} to {r_now:.3g} and held, while held-out eval accuracy fell from "
             f"{best[2]:.3g} (step {best[1]}) to {recent[-1][2]:.3g} (step {recent[-1][1]}): the policy is learning "
             "the reward, not the task.",
-            "Read the high-reward rollouts (keelrl doctor quotes some) and fix the task's scorer; lower format "
-            "credit; keep the checkpoint of the best eval (checkpoint.best_metric = 'eval/accuracy').",
+            FIX_LEARNED
+            if learned
+            else "Read the high-reward rollouts (keelrl doctor quotes some) and fix the task's "
+            "scorer; lower format credit; keep the checkpoint of the best eval (checkpoint.best_metric = "
+            "'eval/accuracy').",
             t.action,
         )
     acc0, acc = head(history, "accuracy", t.window), tail(history, "accuracy", t.window)
@@ -222,10 +238,12 @@ def reward_hacking(history: Sequence[Record], t: RewardHackingThresholds) -> Fin
         "critical",
         (acc0[0][0], acc[-1][0]),
         {"accuracy_start": a0, "accuracy": a, "reward_start": r0, "reward_now": r_now},
-        f"Train reward rose from {r0:.3g} to {r_now:.3g} while strict accuracy on the same samples fell from "
+        f"{what} rose from {r0:.3g} to {r_now:.3g} while strict accuracy on the same samples fell from "
         f"{a0:.3g} to {a:.3g}: the policy is learning the reward, not the task.",
-        "Read the high-reward rollouts and fix the task's scorer; lower format credit; turn on held-out eval "
-        "(eval.every_steps) to confirm.",
+        FIX_LEARNED
+        if learned
+        else "Read the high-reward rollouts and fix the task's scorer; lower format "
+        "credit; turn on held-out eval (eval.every_steps) to confirm.",
         t.action,
     )
 
