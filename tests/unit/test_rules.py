@@ -231,6 +231,31 @@ def test_kl_blowup_on_kl_old_and_on_kl_ref_jump() -> None:
     h = set_from(healthy(60), 56, kl__ref=0.5)
     f = only(check(h), "kl_blowup")
     assert f.evidence["ratio"] > 10
+    # a KL-penalised run's first 15 steps (kl/ref as measured, algo.kl_coef = 0.1): 19x its start, but growth
+    # from exactly 0, not a blow-up; a jump past 10x ref_floor still is
+    measured = [
+        0,
+        6e-4,
+        0.0012,
+        0.0018,
+        0.0026,
+        0.0035,
+        0.0044,
+        0.01,
+        0.02,
+        0.0356,
+        0.05,
+        0.07,
+        0.089,
+        0.05,
+        0.03,
+    ]
+    h = [r for r in healthy(15, eval_every=100) if "kl/ref" in r]
+    for rec, kl in zip(h, measured):
+        rec["kl/ref"] = kl
+    assert not [x for x in check(h) if x.name == "kl_blowup"]
+    h[-1]["kl/ref"] = h[-2]["kl/ref"] = 0.6
+    assert [x.name for x in check(h) if x.name == "kl_blowup"] == ["kl_blowup"]
 
 
 def test_mismatch_warning_and_critical() -> None:
