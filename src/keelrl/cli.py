@@ -91,10 +91,15 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return cmd_train(args)
 
 
+RM_HELD_OUT = 0.1  # `keelrl rm train`: the share of pairs held out when the config holds none out
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     """`keelrl rm train PREFS --model M`: `keelrl train` with train.stage = "rm" on those pairs."""
     model = [f"model.path={args.model}"] if args.model else []
-    args.set = ["train.stage=rm", f"data.path={args.prefs}", *model, *args.set]
+    d = load_config(args.config, args.set).data  # what the user's config and --set say (as an RL config)
+    held_out = [] if d.eval_path or d.eval_fraction > 0 else [f"data.eval_fraction={RM_HELD_OUT}"]
+    args.set = ["train.stage=rm", f"data.path={args.prefs}", *model, *held_out, *args.set]
     args.run_dir = args.run_dir or str(Path("runs") / f"rm-{Path(args.prefs).stem}")
     return cmd_train(args)
 
@@ -206,7 +211,12 @@ def _add_train_options(t: argparse.ArgumentParser, positional_config: bool = Tru
         metavar="KEY=VALUE",
         help="override a config field, e.g. algo.lr=3e-4",
     )
-    t.add_argument("--run-dir", help="run directory (default: runs/<config name>)")
+    t.add_argument(
+        "--run-dir",
+        help="run directory (default: runs/<config name>)"
+        if positional_config
+        else "default: runs/rm-<prefs name>",
+    )
     t.add_argument(
         "--resume",
         choices=["auto", "never"],

@@ -94,6 +94,11 @@ def check_sft(cfg: Config, world_size: int) -> None:
         raise ValueError(
             f"train.stage = '{stage}' needs data.path (a JSONL/Parquet/Arrow file, or --set data.path=FILE)"
         )
+    if stage == "rm" and not d.eval_path and d.eval_fraction == 0:
+        raise ValueError(
+            "a reward model is judged by its held-out pair accuracy: set data.eval_fraction (e.g. 0.1) or "
+            "data.eval_path (held-out pairs)"
+        )
     if d.batch_size % world_size:
         raise ValueError(
             f"data.batch_size={d.batch_size} examples cannot be split evenly over {world_size} ranks "

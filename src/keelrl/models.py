@@ -381,6 +381,11 @@ def load_hub(
     return model.eval(), _ensure_pad(tokenizer)
 
 
+def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id rows are padded with: the pad token, else EOS (masks come from lengths, so it is never trained)."""
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+
+
 def _ensure_pad(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Sampling pads prompts on the left; a tokenizer without a pad token pads with EOS (masks come from
     lengths, so this never hides an EOS from training)."""

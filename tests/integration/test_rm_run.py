@@ -16,7 +16,7 @@ from transformers import AutoModelForSequenceClassification
 
 from keelrl.checkpoint import weights_sha256
 from keelrl.cli import main
-from keelrl.config import config_from_dict
+from keelrl.config import ConfigError, config_from_dict
 from keelrl.models import ModelLoadError, build_char_tokenizer, load_policy
 from keelrl.rm.model import rm_ids
 from keelrl.tasks import get_task
@@ -116,10 +116,16 @@ def test_keelrl_rm_train_command(tmp_path, tiny_model_dir, prefs) -> None:
     run_dir = tmp_path / "cli"
     code = main([
         "rm", "train", str(prefs), "--model", str(tiny_model_dir), "--run-dir", str(run_dir), "--no-supervisor",
-        "--set", "train.steps=2", "--set", "data.eval_fraction=0.1", "--set", "data.batch_size=8",
-        "--set", "eval.every_steps=0", "--set", "log.tensorboard=false",
+        "--set", "train.steps=2", "--set", "data.batch_size=8", "--set", "log.tensorboard=false",
     ])  # fmt: skip
     assert code == 0 and (run_dir / "final" / "reward_model.json").is_file()
+    # nothing held out in the config: `keelrl rm train` holds out 10% (a reward model is judged on them)
+    held_out = json.loads((run_dir / "summary.json").read_text())["final_eval"]["pairs"]
+    assert 15 <= held_out <= 45
+    with pytest.raises(ConfigError, match="held-out pair accuracy"):
+        cfg = rm_config(tiny_model_dir, prefs, 1)
+        cfg["data"]["eval_fraction"] = 0.0
+        config_from_dict(cfg)
     bad = main(
         ["rm", "train", str(tmp_path / "missing.jsonl"), "--model", "tiny", "--run-dir", str(tmp_path / "x")]
     )

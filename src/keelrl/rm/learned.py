@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from keelrl.algo.preference import combine_rewards, normalise_scores
-from keelrl.models import ModelLoadError, load_policy
+from keelrl.models import ModelLoadError, load_policy, pad_token_id
 from keelrl.rm.config import RewardConfig
 from keelrl.rm.model import CARD, RewardCard, resolve_model_dir, rm_ids, score_rows
 from keelrl.rollout import Rollout
@@ -51,8 +51,7 @@ class LearnedReward:
         self.device, self.cfg = device, cfg
         self.mean, self.std = float(mean), float(std)
         self.max_length = card.max_length if card else DEFAULT_MAX_LENGTH
-        tok = self.tokenizer
-        self.pad_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        self.pad_id = pad_token_id(self.tokenizer)
 
     def raw_scores(self, texts: Sequence[tuple[str, str]]) -> torch.Tensor:
         """The reward model's scores [N] of (prompt, completion) texts."""

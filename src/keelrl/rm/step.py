@@ -30,8 +30,9 @@ from typing import Any
 import torch
 
 from keelrl.algo.logprobs import autocast_context
-from keelrl.algo.preference import bradley_terry_loss
+from keelrl.algo.preference import bradley_terry_loss, pair_accuracy
 from keelrl.guards.step import check_update
+from keelrl.models import pad_token_id
 from keelrl.rm.model import RewardCard, pad_right, reward_scores, rm_ids, score_rows
 from keelrl.run import Run
 from keelrl.sft.batches import epoch_of, step_indices
@@ -115,11 +116,6 @@ def pair_scores(
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
-def _pad_id(run: Run) -> int:
-    tok = run.tokenizer
-    return int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-
-
 def rm_step(run: Run, state: TrainState) -> dict[str, float]:
     """One reward-model step: the step's pairs -> Bradley-Terry loss over micro-batches -> guards -> optimizer."""
     t0 = time.perf_counter()
@@ -137,11 +133,13 @@ def rm_step(run: Run, state: TrainState) -> dict[str, float]:
     for start in range(0, len(pairs), mb):
         pulse()
         with autocast_context(run.world.device, cfg.train.autocast):
-            c, r = pair_scores(state.policy, pairs[start : start + mb], _pad_id(run), run.world.device)
+            c, r = pair_scores(
+                state.policy, pairs[start : start + mb], pad_token_id(run.tokenizer), run.world.device
+            )
             loss = bradley_terry_loss(c, r).sum() / len(pairs)
         loss.backward()
         loss_sum += float(loss.detach())
-        right += float(((c - r) > 0).float().sum() + 0.5 * ((c - r) == 0).float().sum())
+        right += pair_accuracy(c.detach(), r.detach()) * len(c)
         margin += float((c - r).detach().sum())
     run.faults.corrupt_gradients(state.step + 1, state.policy)
     grad_norm = grad_norm_and_clip(state.policy, cfg.algo.grad_clip)
@@ -189,7 +187,7 @@ def held_out_pairs(run: Run, state: TrainState) -> dict[str, float]:
         return {}
     c, r = _all_pair_scores(run, state, data.eval)
     return {
-        "accuracy": float(((c - r) > 0).float().mean() + 0.5 * ((c - r) == 0).float().mean()),
+        "accuracy": pair_accuracy(c, r),
         "loss": float(bradley_terry_loss(c, r).mean()),
         "margin": float((c - r).mean()),
         "pairs": float(len(data.eval)),
@@ -198,7 +196,9 @@ def held_out_pairs(run: Run, state: TrainState) -> dict[str, float]:
 
 def _all_pair_scores(run: Run, state: TrainState, pairs: Sequence[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
     rows = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-    scores = score_rows(state.policy, rows, _pad_id(run), run.cfg.train.micro_batch_size, run.world.device)
+    scores = score_rows(
+        state.policy, rows, pad_token_id(run.tokenizer), run.cfg.train.micro_batch_size, run.world.device
+    )
     return scores[: len(pairs)], scores[len(pairs) :]
 
 

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
 from keelrl.algo.logprobs import Autocast, autocast_context, select_cache_rows, supports_prefix_sharing
+from keelrl.models import pad_token_id
 from keelrl.rollout.types import Generation, SamplingSettings
 from keelrl.rollout.weights import NamedTensors, load_untied, owns
 
@@ -110,9 +111,7 @@ class HFSampler:
     ) -> None:
         """`on_progress` is called once per decode step (the trainer's heartbeat sees sampling progress)."""
         self.model = model
-        self.pad_id = int(
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        )
+        self.pad_id = pad_token_id(tokenizer)
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.chunk_size = chunk_size
         self.share_prefix = share_prefix

@@ -24,6 +24,7 @@ import torch
 from keelrl.algo.logprobs import autocast_context
 from keelrl.distributed import agree_on_norm, all_reduce_stats, all_reduce_sum, grad_sync, loss_scale
 from keelrl.guards.step import check_update
+from keelrl.models import pad_token_id
 from keelrl.rollout.chat import chat_format
 from keelrl.rollout.prompts import render_prompt
 from keelrl.run import Run
@@ -112,7 +113,7 @@ def step_batch(run: Run, examples: list[Example]) -> tuple[SFTBatch, float]:
     d, world = run.cfg.data, run.world
     mine = examples[world.rank :: world.world_size]
     g_tokens = all_reduce_sum(float(sum(e.trained_tokens for e in mine)), world)
-    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tokenizer.eos_token_id
+    pad = pad_token_id(run.tokenizer)
     batch = build_batch(
         mine, run.cfg.algo.loss_agg, g_tokens, float(len(examples)), d.max_length, d.packing, pad
     )
@@ -186,7 +187,7 @@ def held_out_loss(run: Run, state: TrainState) -> dict[str, float]:
     data = run.stage_data
     if data is None or not data.eval:
         return {}
-    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tokenizer.eos_token_id
+    pad = pad_token_id(run.tokenizer)
     tokens = float(sum(e.trained_tokens for e in data.eval))
     d = run.cfg.data
     batch = build_batch(data.eval, "token_mean", tokens, float(len(data.eval)), d.max_length, d.packing, pad)
