@@ -298,6 +298,31 @@ def skip_update(run: Run, state: TrainState, finding: Finding, **where: Any) -> 
     )
 
 
+def supervised_update(
+    run: Run, state: TrainState, loss: float, grad_norm: float, **supervised_loss: float
+) -> dict[str, float]:
+    """The end of an SFT or reward-model step, whose gradients are in .grad: the per-step guards (no importance
+    ratio; every example carries signal, so an exactly-zero gradient is a fault; `supervised_loss`: nll= or
+    pair_nll=, see check_update) -> optimizer step, or the skip -> `end_of_step`; the step counter advances.
+    Returns the weight sync's and the guards' metrics."""
+    finding = check_update(
+        run.live.history, state.step + 1, loss, grad_norm, 0.0, 1.0, run.cfg.guards, **supervised_loss
+    )
+    skipped = finding is not None and finding.action == "skip"
+    if finding is not None and skipped:
+        skip_update(run, state, finding)
+    else:
+        state.optimizer.step()
+    sync = end_of_step(run, state)
+    state.step += 1
+    return {
+        **sync,
+        "guard/skipped_updates": float(skipped),
+        "guard/nonfinite_updates": float(finding is not None and skipped and finding.name == "nonfinite"),
+        "guard/skipped_steps": float(state.guards.get("skipped_steps", 0)),
+    }
+
+
 def end_of_step(run: Run, state: TrainState) -> dict[str, float]:
     """After a step's updates: the learning-rate schedule and the policy version advance, and the sampler
     gets the new weights (checked where the engine holds a copy). Returns the weight sync's metrics."""

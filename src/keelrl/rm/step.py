@@ -31,7 +31,6 @@ import torch
 
 from keelrl.algo.logprobs import autocast_context
 from keelrl.algo.preference import bradley_terry_loss, pair_accuracy
-from keelrl.guards.step import check_update
 from keelrl.models import pad_token_id
 from keelrl.rm.model import RewardCard, pad_right, reward_scores, rm_ids, score_rows
 from keelrl.run import Run
@@ -39,7 +38,7 @@ from keelrl.sft.batches import epoch_of, step_indices
 from keelrl.sft.data import DataError, Record, split_records
 from keelrl.state import TrainState
 from keelrl.supervisor import pulse
-from keelrl.update import end_of_step, grad_norm_and_clip, skip_update
+from keelrl.update import grad_norm_and_clip, supervised_update
 
 CARD_SAMPLE = 512  # completions whose scores give the card's mean and std
 
@@ -143,27 +142,10 @@ def rm_step(run: Run, state: TrainState) -> dict[str, float]:
         margin += float((c - r).detach().sum())
     run.faults.corrupt_gradients(state.step + 1, state.policy)
     grad_norm = grad_norm_and_clip(state.policy, cfg.algo.grad_clip)
-    finding = check_update(
-        run.live.history,
-        state.step + 1,
-        loss_sum,
-        grad_norm,
-        ratio_max=0.0,  # no importance ratio
-        advantage_abs_mean=1.0,  # every pair carries signal: an exactly-zero gradient is a fault
-        cfg=cfg.guards,
-        pair_nll=loss_sum,
-    )
-    skipped = finding is not None and finding.action == "skip"
-    if skipped:
-        assert finding is not None
-        skip_update(run, state, finding)
-    else:
-        state.optimizer.step()
-    sync = end_of_step(run, state)
-    state.step += 1
+    after = supervised_update(run, state, loss_sum, grad_norm, pair_nll=loss_sum)
     seconds = time.perf_counter() - t0
     return {
-        **sync,
+        **after,
         "loss/total": loss_sum,
         "loss/pair_nll": loss_sum,
         "rm/accuracy": right / len(pairs),
@@ -171,9 +153,6 @@ def rm_step(run: Run, state: TrainState) -> dict[str, float]:
         "rm/epoch": epoch_of(state.step, len(data.train), d.batch_size),
         "grad_norm": grad_norm,
         "lr": lr,
-        "guard/skipped_updates": float(skipped),
-        "guard/nonfinite_updates": float(skipped and finding is not None and finding.name == "nonfinite"),
-        "guard/skipped_steps": float(state.guards.get("skipped_steps", 0)),
         "time/train_s": seconds,
         "time/step_s": seconds,
     }

@@ -23,7 +23,6 @@ import torch
 
 from keelrl.algo.logprobs import autocast_context
 from keelrl.distributed import agree_on_norm, all_reduce_stats, all_reduce_sum, grad_sync, loss_scale
-from keelrl.guards.step import check_update
 from keelrl.models import pad_token_id
 from keelrl.rollout.chat import chat_format
 from keelrl.rollout.prompts import render_prompt
@@ -32,7 +31,7 @@ from keelrl.sft.batches import SFTBatch, build_batch, epoch_of, step_indices
 from keelrl.sft.data import DataError, Example, encode_all, split_records
 from keelrl.state import TrainState
 from keelrl.supervisor import pulse
-from keelrl.update import as_logprob_module, end_of_step, grad_norm_and_clip, skip_update
+from keelrl.update import as_logprob_module, grad_norm_and_clip, supervised_update
 
 
 @dataclass
@@ -144,37 +143,17 @@ def sft_step(run: Run, state: TrainState) -> dict[str, float]:
     )
     run.faults.corrupt_gradients(state.step + 1, state.policy)
     grad_norm = agree_on_norm(grad_norm_and_clip(state.policy, cfg.algo.grad_clip), run.world)
-    finding = check_update(
-        run.live.history,
-        state.step + 1,
-        stats["loss/total"],
-        grad_norm,
-        ratio_max=0.0,  # no importance ratio in SFT
-        advantage_abs_mean=1.0,  # every trained token carries signal: an exactly-zero gradient is a fault
-        cfg=cfg.guards,
-        nll=stats["loss/nll"],
-    )
-    skipped = finding is not None and finding.action == "skip"
-    if skipped:
-        assert finding is not None
-        skip_update(run, state, finding)
-    else:
-        state.optimizer.step()
-    sync = end_of_step(run, state)
-    state.step += 1
+    after = supervised_update(run, state, stats["loss/total"], grad_norm, nll=stats["loss/nll"])
     seconds = time.perf_counter() - t0
     fill = stats.pop("tokens/positions") / max(stats.pop("tokens/row_slots"), 1.0)
     return {
         **stats,
-        **sync,
+        **after,
         "sft/fill": fill,
         "sft/epoch": epoch_of(state.step, len(data.train), d.batch_size),
         "sft/examples": float(d.batch_size),
         "grad_norm": grad_norm,
         "lr": lr,
-        "guard/skipped_updates": float(skipped),
-        "guard/nonfinite_updates": float(skipped and finding is not None and finding.name == "nonfinite"),
-        "guard/skipped_steps": float(state.guards.get("skipped_steps", 0)),
         "time/train_s": seconds,
         "time/step_s": seconds,
         "throughput/tokens_per_s": stats["tokens/trained"] / max(seconds, 1e-9),
