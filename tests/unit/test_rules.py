@@ -371,6 +371,15 @@ def test_reward_hacking_watches_the_learned_reward() -> None:
     f = only(check(h), "reward_hacking")
     assert f.evidence["reward_now"] == pytest.approx(4.5) and f.evidence["reward_start"] < 1.0
     assert "learned reward (reward/model)" in f.message and "reward model" in f.suggestion
+    # exploited from the first steps: the best eval is the initial one (step 0, before any reward was logged)
+    h0 = healthy(60)
+    for rec in h0:
+        if "reward/mean" in rec:
+            rec["reward/model"] = -0.5 + 2.0 * min(rec["step"], 30) / 30
+        if "eval/accuracy" in rec:
+            rec["eval/accuracy"] = 0.3 if rec["step"] == 0 else 0.05
+    f0 = only(check(h0), "reward_hacking")
+    assert f0.evidence["eval_accuracy_best"] == pytest.approx(0.3) and f0.steps[0] == 0
     # the learned reward flat while accuracy falls: not hacking (eval_regression's case)
     for rec in h:
         if "reward/model" in rec:

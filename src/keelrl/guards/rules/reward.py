@@ -203,8 +203,10 @@ def reward_hacking(history: Sequence[Record], t: RewardHackingThresholds) -> Fin
     if (evals := _eval_drop(history, t.min_evals)) is not None:
         best, recent, drop = evals
         near = tail(history[: best[0] + 1], key, t.window)  # train reward up to the best eval
-        r_best = mean_value(near) if near else None
-        if drop < t.min_accuracy_drop or r_best is None or r_now < r_best - t.reward_tolerance:
+        # the best eval before any training (step 0): the reward's start is its level there (measured: a
+        # learned length reward exploited from the first steps was missed while the best eval was step 0's)
+        r_best = mean_value(near) if near else r0
+        if drop < t.min_accuracy_drop or r_now < r_best - t.reward_tolerance:
             return None
         return finding(
             "reward_hacking",
