@@ -392,3 +392,18 @@ def test_report_of_an_empty_metrics_file_still_renders(tmp_path: Path) -> None:
     page = render_report([run])
     assert page.count("not logged") == len(PLOTS)
     assert math.isfinite(len(page))
+
+
+def test_report_plots_the_learned_reward_beside_held_out_accuracy(tmp_path: Path) -> None:
+    """reward.model runs: one plot holds reward/model, reward/verifier and eval/accuracy (what reward_hacking
+    compares); runs without a learned reward do not get it."""
+    m = metrics_stream(30)
+    for rec in m:
+        if "reward/mean" in rec:
+            rec["reward/model"], rec["reward/verifier"] = 0.1 * rec["step"], 0.5
+    page = run_report([make_run(tmp_path / "learned", m)]).read_text()
+    svg = re.search(r'<svg class="plot"[^>]*data-title="Learned reward[^"]*".*?</svg>', page, flags=re.S)
+    assert svg is not None
+    assert all(k in svg.group(0) for k in ("reward/model", "reward/verifier", "eval/accuracy"))
+    plain = run_report([make_run(tmp_path / "plain", metrics_stream(30))]).read_text()
+    assert "Learned reward" not in plain
