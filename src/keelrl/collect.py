@@ -197,7 +197,8 @@ def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
         (
             r.reward,
             float(r.correct),
-            float(bool(r.info.get("formatted", r.reward > 0))),
+            # a task without a format flag: a positive verifier reward (not a learned one) counts as formatted
+            float(bool(r.info.get("formatted", r.info.get("verifier_reward", r.reward) > 0))),
             float(sum(r.trainable)),
             float(is_truncated(r.finish_reason)),
             float(is_repetitive([t for t, m in zip(r.completion_ids, r.trainable) if m])),
