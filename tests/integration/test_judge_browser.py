@@ -390,5 +390,7 @@ def test_judge_page_in_chromium(browser: Callable[[], DevTools], tmp_path: Path)
     want = [(i, expected_outcome(i, c)) for i, c in enumerate(choices)]
     assert [(v.pair_id, v.outcome) for v in JudgeStore(session / "session.sqlite").votes("ann")] == want
     # only pair 0's vote was cast after pressing v (the page passes the judge with its verdict request)
-    assert [v.verdict_seen for v in JudgeStore(session / "session.sqlite").votes("ann")] == [True] + [False] * 7
+    assert [v.verdict_seen for v in JudgeStore(session / "session.sqlite").votes("ann")] == [True] + [
+        False
+    ] * 7
     assert {v.judge for v in JudgeStore(session / "session.sqlite").votes()} == {"ann"}

@@ -269,7 +269,9 @@ def test_votes_after_seeing_the_verdict_leave_the_verifier_agreement(tmp_path: P
     ab = next(p for p in res["pairwise"] if (p["a"], p["b"]) == ("A", "B"))
     assert ab["n"] == 8  # still a vote between the models
     export_preferences(session, tmp_path / "prefs.jsonl")
-    seen = [json.loads(x)["metadata"]["verdict_seen"] for x in (tmp_path / "prefs.jsonl").read_text().splitlines()]
+    seen = [
+        json.loads(x)["metadata"]["verdict_seen"] for x in (tmp_path / "prefs.jsonl").read_text().splitlines()
+    ]
     assert sum(seen) == 1
 
 
