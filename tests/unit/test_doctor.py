@@ -407,3 +407,28 @@ def test_report_plots_the_learned_reward_beside_held_out_accuracy(tmp_path: Path
     assert all(k in svg.group(0) for k in ("reward/model", "reward/verifier", "eval/accuracy"))
     plain = run_report([make_run(tmp_path / "plain", metrics_stream(30))]).read_text()
     assert "Learned reward" not in plain
+
+
+def test_a_rule_raised_live_but_cut_from_the_history_by_a_rollback_is_still_reported(tmp_path: Path) -> None:
+    """The guards raised reward_hacking at step 30, then rolled back to step 10: metrics.jsonl no longer holds the
+    evidence, events.jsonl does, and the doctor reports it from there (a real run's case, docs/RESULTS.md)."""
+    run = make_run(tmp_path / "run", metrics_stream(12))
+    event = {
+        "time": T0, "step": 30, "kind": "guard", "rule": "reward_hacking", "severity": "critical", "action": "warn",
+        "first_step": 15, "evidence": {"eval_accuracy_best": 0.395, "eval_accuracy": 0.14},
+        "message": "The learned reward (reward/model) rose", "suggestion": "Read the rollouts",
+    }  # fmt: skip
+    with (run / "events.jsonl").open("a") as f:
+        f.write(json.dumps(event) + "\n")
+    found = {f.name: f for f in diagnose(load_run(run)).findings}
+    f = found["reward_hacking"]
+    assert (f.severity, f.steps, f.evidence["eval_accuracy"]) == ("critical", (15, 30), 0.14)
+    assert "raised live at step 30" in f.message and f.suggestion == "Read the rollouts"
+    # a rule the history still shows (non-finite values at step 8) is reported once, from the history
+    m = metrics_stream(12)
+    m[8]["loss/total"] = float("nan")
+    shown = make_run(tmp_path / "shown", m)
+    with (shown / "events.jsonl").open("a") as f2:
+        f2.write(json.dumps({**event, "rule": "nonfinite", "message": "from the event"}) + "\n")
+    nonfinite = [x for x in diagnose(load_run(shown)).findings if x.name == "nonfinite"]
+    assert len(nonfinite) == 1 and "raised live" not in nonfinite[0].message

@@ -268,6 +268,33 @@ def _status_findings(run: RunData, cfg: GuardsConfig, now: float) -> list[Findin
     return out
 
 
+def live_only_findings(events: list[dict[str, Any]], found: set[str]) -> list[Finding]:
+    """Rules the live guards raised (events.jsonl) that the history no longer shows: a rollback cuts the
+    metric lines after its target, and with them the evidence (measured: a learned reward's reward_hacking,
+    raised at step 30, was gone after the rollbacks that followed). The latest event of each such rule."""
+    latest: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e.get("kind") == "guard" and e.get("rule") and e["rule"] not in found:
+            latest[str(e["rule"])] = e
+    out = []
+    for rule, e in latest.items():
+        step = int(e.get("step", 0))
+        evidence = {k: float(v) for k, v in (e.get("evidence") or {}).items() if isinstance(v, (int, float))}
+        out.append(
+            Finding(
+                rule,
+                e.get("severity", "warning"),
+                (int(e.get("first_step", step)), step),
+                evidence,
+                f"{e.get('message', '')} (raised live at step {step}; a rollback since cut that span from "
+                "metrics.jsonl, so only events.jsonl shows it)",
+                str(e.get("suggestion", "")),
+                e.get("action", "warn"),
+            )
+        )
+    return out
+
+
 def diagnose(run: RunData, cfg: GuardsConfig | None = None, now: float | None = None) -> Diagnosis:
     """All findings for a loaded run, most severe first, with headline numbers and the trace analysis."""
     cfg = cfg or guards_config(run)
@@ -276,6 +303,7 @@ def diagnose(run: RunData, cfg: GuardsConfig | None = None, now: float | None = 
     traces = analyze_traces(run.rollouts)
     findings += trace_findings(traces, run.rollouts)
     findings += _status_findings(run, cfg, now)
+    findings += live_only_findings(run.events, {f.name for f in findings})
     findings = [attach_samples(f, run.rollouts) for f in findings]
     findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], not f.ongoing, f.steps[0], f.name))
     worst = max((SEVERITY_RANK[f.severity] for f in findings), default=0)
