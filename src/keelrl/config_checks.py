@@ -13,7 +13,7 @@ def check_batch_arithmetic(cfg: Config, world_size: int) -> None:
     """Raise ValueError spelling out the arithmetic when batch settings do not fit together."""
     r, a, t = cfg.rollout, cfg.algo, cfg.train
     if t.stage in ("sft", "rm"):
-        return check_sft(cfg, world_size)
+        return check_supervised_stage(cfg, world_size)
     if r.batch_size % r.group_size:
         raise ValueError(
             f"rollout.batch_size={r.batch_size} is not divisible by rollout.group_size={r.group_size} "
@@ -86,7 +86,7 @@ def check_off_policy(cfg: Config) -> None:
         )
 
 
-def check_sft(cfg: Config, world_size: int) -> None:
+def check_supervised_stage(cfg: Config, world_size: int) -> None:
     """train.stage = "sft" or "rm": data to train on, examples that split over the ranks, and no RL-only
     machinery that the stage would silently ignore."""
     d, stage = cfg.data, cfg.train.stage

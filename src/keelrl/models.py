@@ -119,17 +119,19 @@ def build_tiny_model(
         for key, value in _head_kwargs(head).items():
             setattr(hf_config, key, value)
         model = HEADS[head].from_config(hf_config, **_attn_kwargs(attn_implementation))
-    return _zero_new_head(model, [], head)
+    return _zero_new_head(model, head)
 
 
 def _head_kwargs(head: Head) -> dict[str, Any]:
     return {"num_labels": 1} if head == "reward" else {}
 
 
-def _zero_new_head(model: PreTrainedModel, architectures: list[str] | None, head: Head) -> PreTrainedModel:
-    """A reward head made fresh on a decoder (its source was not a reward model) starts at zero, as the critic's
-    does: every score starts at 0 and the weights do not depend on the RNG."""
-    if head == "reward" and not any(a.endswith("ForSequenceClassification") for a in architectures or []):
+def _zero_new_head(model: PreTrainedModel, head: Head) -> PreTrainedModel:
+    """A reward head made fresh on a decoder (its source was not a reward model: the architectures its config
+    was loaded with name none) starts at zero, as the critic's does: every score starts at 0 and the weights do
+    not depend on the RNG."""
+    source = getattr(model.config, "architectures", None) or []
+    if head == "reward" and not any(a.endswith("ForSequenceClassification") for a in source):
         score = getattr(model, "score", None)
         if not isinstance(score, torch.nn.Linear):
             raise ModelLoadError(
@@ -248,7 +250,7 @@ def load_gguf(
     model.is_quantized = False
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
-    return _zero_new_head(model, [], head).eval(), _ensure_pad(tokenizer)
+    return _zero_new_head(model, head).eval(), _ensure_pad(tokenizer)
 
 
 def load_local_dir(
@@ -281,7 +283,7 @@ def load_local_dir(
             **_head_kwargs(head),
             **_attn_kwargs(attn_implementation),
         )
-        model = _zero_new_head(model, AutoConfig.from_pretrained(resolved).architectures, head)
+        model = _zero_new_head(model, head)
     except READ_ERRORS as err:
         damaged = (
             " A weights file there (model.safetensors, or the shards it names) is cut short or corrupted: "
@@ -354,7 +356,7 @@ def load_hub(
     # local_files_only on (transformers 5.19): offline, that probe retried for 30 s before giving up.
     adapter = {"adapter_kwargs": {"local_files_only": True}} if offline else {}
     try:
-        architectures = AutoConfig.from_pretrained(name, **common).architectures
+        AutoConfig.from_pretrained(name, **common)
         tokenizer = AutoTokenizer.from_pretrained(name, **common)
         model = HEADS[head].from_pretrained(
             name,
@@ -364,7 +366,7 @@ def load_hub(
             **_head_kwargs(head),
             **_attn_kwargs(attn_implementation),
         )
-        model = _zero_new_head(model, architectures, head)
+        model = _zero_new_head(model, head)
     except READ_ERRORS as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         kernel = (
