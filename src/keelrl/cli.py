@@ -16,6 +16,8 @@ from keelrl.eval_cli import add_eval_options, cmd_compare, cmd_eval
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean the user asked for something impossible: printed as one paragraph, exit 2."""
     from keelrl.checkpoint import CheckpointError
+    from keelrl.ladder.analysis import AnalysisError
+    from keelrl.ladder.kinds import LadderError
     from keelrl.models import ModelLoadError
     from keelrl.monitor.doctor import DoctorError
     from keelrl.monitor.run_dir import RunDirError
@@ -34,6 +36,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         RunLockedError,
         RunDirError,
         DataError,
+        LadderError,
+        AnalysisError,
     )
 
 
@@ -398,6 +402,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_judge_options(j)
     j.set_defaults(func=cmd_judge)
+
+    lad = sub.add_parser(
+        "ladder",
+        help="scaling ladder: a grid of short runs, ScaleRL / Chinchilla fits, a predicted target run checked",
+    )
+    from keelrl.ladder.runner import add_ladder_options, cmd_ladder
+
+    add_ladder_options(lad)
+    lad.set_defaults(func=cmd_ladder)
 
     f = sub.add_parser("config-fields", help="print every config field with its default and documentation")
     f.set_defaults(func=cmd_fields)

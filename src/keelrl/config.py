@@ -17,6 +17,7 @@ from keelrl.config_checks import check_batch_arithmetic, check_engine, check_off
 from keelrl.config_load import ConfigError as ConfigError  # re-exported: the error callers catch
 from keelrl.config_load import apply_overrides, read_toml, validate
 from keelrl.guards.rules import GuardsConfig
+from keelrl.ladder.config import LadderConfig
 from keelrl.lora_config import LoraConfig as LoraConfig  # re-exported: its home is lora_config.py
 from keelrl.rm.config import RewardConfig as RewardConfig  # re-exported: its home is rm/config.py
 from keelrl.rollout.vllm_config import VLLMConfig
@@ -540,6 +541,10 @@ class Config(Section):
     distributed: DistributedConfig = Field(
         default_factory=DistributedConfig,
         description="Several processes (torchrun) and remote scoring (Ray).",
+    )
+    ladder: LadderConfig = Field(
+        default_factory=LadderConfig,
+        description="Scaling ladders (`keelrl ladder`): a grid of short runs, fitted and extrapolated; training ignores it.",
     )
 
     @model_validator(mode="after")

@@ -40,9 +40,10 @@ from keelrl.seeds import stable_hash
 from keelrl.tasks.countdown import Countdown, random_expression
 
 
-def corpus_text(task: Countdown, index: int, seed: int) -> str:
-    """One pretraining example (compact template) for train problem `index` (see the module docstring)."""
-    problem = task.problem("train", index)
+def corpus_text(task: Countdown, index: int, seed: int, split: str = "train") -> str:
+    """One pretraining example (compact template) for problem `index` of `split` (see the module docstring;
+    the test split's lines measure a pretraining ladder's held-out loss)."""
+    problem = task.problem(split, index)
     rng = random.Random(stable_hash("corpus", seed, index))
     numbers = sorted(problem["numbers"], reverse=True)
     while True:

@@ -443,4 +443,5 @@ def model_summary(model: PreTrainedModel) -> dict[str, object]:
         "hidden_size": getattr(cfg, "hidden_size", None),
         "vocab_size": getattr(cfg, "vocab_size", None),
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "device": next(model.parameters()).device.type,
     }

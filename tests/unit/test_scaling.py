@@ -1,4 +1,4 @@
-"""ScaleRL's sigmoid (evaluate/scaling.py): worked numbers, recovery of known parameters, the warm-up cut, the
+"""ScaleRL's sigmoid (ladder/scaling.py): worked numbers, recovery of known parameters, the warm-up cut, the
 ceiling, and bootstrap intervals that cover the truth on noisy synthetic seeds."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from keelrl.evaluate.scaling import bootstrap_fit, fit_sigmoid, sigmoid_curve
+from keelrl.ladder.scaling import bootstrap_fit, fit_sigmoid, sigmoid_curve
 
 TRUE = {"r0": 0.2, "a": 0.8, "b": 1.5, "c_mid": 1000.0}
 COMPUTE = np.logspace(1.5, 4.5, 16)  # 30 .. 30,000: both sides of C_mid

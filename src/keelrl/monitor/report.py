@@ -12,7 +12,7 @@ import html
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,7 @@ class Series:
     color: str
     dash: str = ""
     dots: bool = False
+    band: list[tuple[float, float, float]] = field(default_factory=list)  # (x, lo, hi): a shaded interval
 
 
 def _esc(x: Any) -> str:
@@ -139,14 +140,26 @@ def svg_plot(
     y_label: str = "",
     width: int = 470,
     height: int = 250,
+    x_label: str = "step",
+    log_x: bool = False,
 ) -> str:
-    """An inline SVG line plot with (step, kind, tooltip) `markers`; non-finite values: red top crosses."""
+    """An inline SVG line plot with (step, kind, tooltip) `markers`; non-finite values: red top crosses.
+    `log_x`: x drawn on a log10 scale (positive x only), e.g. compute in a scaling ladder."""
+    if log_x:
+        lg = math.log10
+        series = [
+            Series(s.label, [(lg(x), y) for x, y in s.points if x > 0], s.color, s.dash, s.dots,
+                   [(lg(x), lo, hi) for x, lo, hi in s.band if x > 0])
+            for s in series
+        ]  # fmt: skip
+        markers = [(lg(x), k, t) for x, k, t in markers if x > 0]
     left, right, top, bottom = 62, 12, 28, 40
     pw = width - left - right
     legend, rows = _legend_layout(series, pw)
     height += 14 * rows
     ph = height - top - bottom - 14 * rows
     finite = [(x, y) for s in series for x, y in s.points if math.isfinite(x) and math.isfinite(y)]
+    finite += [(x, v) for s in series for x, lo, hi in s.band for v in (lo, hi)]
     drawn = sum(1 for s in series if any(math.isfinite(y) for _, y in s.points))
     parts = [
         f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -191,11 +204,12 @@ def svg_plot(
     for t in xticks:
         x = sx(t)
         parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + ph}" class="grid"/>')
+        label = f"{10**t:.2g}" if log_x else _tick_label(t, xstep)
         parts.append(
-            f'<text x="{x:.1f}" y="{top + ph + 15}" class="tick" text-anchor="middle">{_tick_label(t, xstep)}</text>'
+            f'<text x="{x:.1f}" y="{top + ph + 15}" class="tick" text-anchor="middle">{label}</text>'
         )
     parts.append(
-        f'<text x="{left + pw / 2}" y="{top + ph + 29}" class="axis" text-anchor="middle">step</text>'
+        f'<text x="{left + pw / 2}" y="{top + ph + 29}" class="axis" text-anchor="middle">{_esc(x_label)}</text>'
     )
     parts.append(
         f'<text x="12" y="{top + ph / 2}" class="axis" text-anchor="middle" '
@@ -209,6 +223,12 @@ def svg_plot(
             f'data-kind="{_esc(kind)}"><title>{_esc(tip)}</title></line>'
         )
     for s in series:
+        if s.band:
+            outline = [(x, hi) for x, _, hi in s.band] + [(x, lo) for x, lo, _ in reversed(s.band)]
+            poly = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in outline)
+            parts.append(
+                f'<polygon class="band" points="{poly}" fill="{s.color}" fill-opacity="0.18" stroke="none"/>'
+            )
         pts = _thin(s.points)
         segment: list[str] = []
         segments: list[list[str]] = []

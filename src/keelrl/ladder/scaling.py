@@ -1,5 +1,5 @@
-"""ScaleRL's compute-performance curve (arXiv 2510.13786) and its fit, the first piece of scaling ladders
-(issue 28: the ladder runner, the size fits and the HTML page are not built yet).
+"""ScaleRL's compute-performance curve (arXiv 2510.13786) and its fit: what an RL ladder (`keelrl ladder`,
+ladder/runner.py) fits to each grid point's held-out pass rate.
 
     R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)
 
@@ -101,6 +101,7 @@ class FitIntervals:
     b: tuple[float, float]
     c_mid: tuple[float, float]
     resamples: int
+    draws: np.ndarray  # [resamples, 3]: (A, B, C_mid) of each resample, for predictions that combine fits
 
 
 def bootstrap_fit(
@@ -136,4 +137,106 @@ def bootstrap_fit(
         lo, hi = np.percentile(p[:, k], q)
         return float(lo), float(hi)
 
-    return FitIntervals(full, band(0), band(1), band(2), resamples)
+    return FitIntervals(full, band(0), band(1), band(2), resamples, p)
+
+
+@dataclass(frozen=True)
+class SizeFit:
+    """One sigmoid per model size with shared efficiency B and sizes tied by two laws, x = ln N - x_ref:
+    A(N) = a0 + a1 x (clipped to [R0, ceiling]) and ln C_mid(N) = c0 + c1 x."""
+
+    a0: float
+    a1: float
+    b: float
+    c0: float
+    c1: float
+    x_ref: float
+    rss: float
+
+    def curve(self, params: float, r0: float, compute: np.ndarray, ceiling: float = 1.0) -> np.ndarray:
+        x = np.log(params) - self.x_ref
+        a = float(np.clip(self.a0 + self.a1 * x, r0, ceiling))
+        return sigmoid_curve(compute, r0, a, self.b, float(np.exp(self.c0 + self.c1 * x)))
+
+
+def fit_size_sigmoid(
+    params: Sequence[float],
+    compute: Sequence[np.ndarray],
+    score: Sequence[np.ndarray],
+    r0: Sequence[float],
+    warmup: Sequence[float],
+    ceiling: float = 1.0,
+    rounds: int = 5,
+) -> SizeFit:
+    """Least-squares fit of (a0, a1, B, c0, c1) to every size's (compute, score) points after its warm-up cut,
+    R0 given per size. For each (B, c0, c1) on a grid, (a0, a1) are linear least squares (then A is clipped to
+    [R0, ceiling] and the residual recomputed); the grid zooms in as in `fit_sigmoid`. Sharing B and tying A
+    and C_mid across sizes leaves 5 parameters for all sizes' points, where separate fits have 3 per size and
+    wander along the A-C_mid ridge of a curve seen only up to its middle."""
+    x = np.log(np.asarray(params, np.float64))
+    x_ref = float(x.mean())
+    xs, ys, rs, lcs = [], [], [], []
+    for i in range(len(x)):
+        c, y = np.asarray(compute[i], np.float64), np.asarray(score[i], np.float64)
+        keep = c > warmup[i]
+        xs.append(np.full(keep.sum(), x[i] - x_ref))
+        ys.append(y[keep])
+        rs.append(np.full(keep.sum(), r0[i]))
+        lcs.append(np.log(c[keep]))
+    xv, yv, rv, lc = (np.concatenate(v) for v in (xs, ys, rs, lcs))
+    if len(set(x)) < 2 or len(yv) < 6:
+        raise ValueError("a size fit needs at least two model sizes and 6 points after the warm-up cuts")
+    lo = np.array([np.log(0.1), lc.min() - np.log(100.0), -1.0])
+    hi = np.array([np.log(10.0), lc.max() + np.log(1000.0), 3.0])
+    best = (np.inf, 0.0, 0.0, 0.0, 0.0, 0.0)
+    for _ in range(rounds):
+        g = [np.linspace(lo[k], hi[k], 25) for k in range(3)]
+        lb, c0, c1 = (v.ravel() for v in np.meshgrid(*g, indexing="ij"))
+        lcm = c0[:, None] + c1[:, None] * xv[None, :]  # ln C_mid of each point's size, [G, P]
+        s = 1.0 / (1.0 + np.exp(np.clip(np.exp(lb)[:, None] * (lcm - lc[None, :]), -500, 500)))
+        t = yv[None, :] - rv[None, :] * (1.0 - s)  # = a0 s + a1 x s
+        u, v = s, s * xv[None, :]
+        uu, uv, vv = (u * u).sum(1), (u * v).sum(1), (v * v).sum(1)
+        tu, tv = (t * u).sum(1), (t * v).sum(1)
+        det = np.maximum(uu * vv - uv * uv, 1e-300)
+        a0 = (tu * vv - tv * uv) / det
+        a1 = (tv * uu - tu * uv) / det
+        a = np.clip(a0[:, None] + a1[:, None] * xv[None, :], rv[None, :], ceiling)
+        rss = ((rv[None, :] + (a - rv[None, :]) * s - yv[None, :]) ** 2).sum(1)
+        k = int(np.argmin(rss))
+        if rss[k] < best[0]:
+            best = (float(rss[k]), float(a0[k]), float(a1[k]), float(lb[k]), float(c0[k]), float(c1[k]))
+        centre = np.array(best[3:])
+        step = (hi - lo) / 24
+        lo, hi = centre - 4 * step, centre + 4 * step
+    rss, a0_, a1_, lb_, c0_, c1_ = best
+    return SizeFit(a0_, a1_, float(np.exp(lb_)), c0_, c1_, x_ref, rss)
+
+
+def bootstrap_size_fit(
+    params: Sequence[float],
+    compute: Sequence[np.ndarray],
+    seed_scores: Sequence[np.ndarray],
+    r0: Sequence[float],
+    warmup: Sequence[float],
+    eval_problems: int = 0,
+    resamples: int = 200,
+    seed: int = 0,
+    ceiling: float = 1.0,
+) -> tuple[SizeFit, list[SizeFit]]:
+    """The joint fit of every size's mean curve, and `resamples` refits where each size's seeds are drawn
+    with replacement and (eval_problems > 0) each score is redrawn as a binomial, as in `bootstrap_fit`."""
+    means = [np.asarray(s, np.float64).mean(0) for s in seed_scores]
+    full = fit_size_sigmoid(params, compute, means, r0, warmup, ceiling)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(resamples):
+        rows = []
+        for s in seed_scores:
+            s = np.asarray(s, np.float64)
+            pick = s[rng.integers(0, len(s), len(s))]
+            if eval_problems > 0:
+                pick = rng.binomial(eval_problems, np.clip(pick, 0.0, 1.0)) / eval_problems
+            rows.append(pick.mean(0))
+        draws.append(fit_size_sigmoid(params, compute, rows, r0, warmup, ceiling))
+    return full, draws

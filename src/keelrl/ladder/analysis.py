@@ -1,0 +1,294 @@
+"""From a ladder's run records to its fits and its prediction (pure: records in, JSON-ready dicts out).
+
+RL (`rl_fits`, `rl_prediction`): each grid point's seeds give a mean curve of held-out pass rate against
+training compute (compute per eval step averaged over seeds), fitted by ScaleRL's sigmoid with bootstrap
+intervals (scaling.py); points are ranked by the ceiling A and its interval, not by early reward. Across model
+sizes (the target's peers: grid points that agree with it on every axis it does not override, and differ in
+parameter count N) one joint fit ties the sizes (`scaling.fit_size_sigmoid`: A and ln C_mid linear in ln N, B
+shared: in ScaleRL model scale moves A, the recipe sets B) and R0 is a line in ln N; every bootstrap draw of the joint
+fit gives one predicted curve of the target, so its band carries the fit's uncertainty. A
+target that is a longer run of a grid point extrapolates that point's own fit instead. The predicted final
+accuracy also draws the target's own measurement noise: a binomial eval of its problems and the seed spread
+measured on the grid (pooled standard deviation of final accuracy across seeds) over its seed count.
+
+Pretraining (`pretrain_fits`): mean held-out loss per grid point, Chinchilla's law (chinchilla.py) over
+(N, D), and its prediction at the target's (N, D) with a bootstrap interval.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from keelrl.ladder.chinchilla import bootstrap_chinchilla
+from keelrl.ladder.scaling import (
+    FitIntervals,
+    SizeFit,
+    bootstrap_fit,
+    bootstrap_size_fit,
+    fit_sigmoid,
+    sigmoid_curve,
+)
+
+Record = dict[str, Any]  # one run: name, label, seed, role, point + its kind's record (kinds.py)
+
+
+class AnalysisError(ValueError):
+    """The runs cannot be fitted as asked; the message says what is missing."""
+
+
+def by_label(records: Sequence[Record]) -> dict[str, list[Record]]:
+    groups: dict[str, list[Record]] = defaultdict(list)
+    for r in records:
+        groups[r["label"]].append(r)
+    return dict(groups)
+
+
+def mean_curve(runs: Sequence[Record]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean compute per step, accuracy [seeds, steps]) over the eval steps every seed logged."""
+    steps = sorted(set.intersection(*(set(r["steps"]) for r in runs)))
+    if 0 not in steps:
+        raise AnalysisError(
+            f"{runs[0]['label']}: no eval at step 0; a ladder needs eval.at_start = true (R0)"
+        )
+    if len(steps) < 4:
+        raise AnalysisError(
+            f"{runs[0]['label']}: {len(steps)} eval steps; a sigmoid fit needs step 0 and 3 more"
+        )
+    compute = np.array([[r["compute"][r["steps"].index(s)] for s in steps] for r in runs]).mean(0)
+    acc = np.array([[r["accuracy"][r["steps"].index(s)] for s in steps] for r in runs])
+    return np.array(steps), compute, acc
+
+
+def fit_point(
+    runs: Sequence[Record], warmup_fraction: float, resamples: int, level: float
+) -> tuple[dict[str, Any], FitIntervals]:
+    steps, compute, acc = mean_curve(runs)
+    r0 = float(acc[:, 0].mean())
+    fi = bootstrap_fit(
+        compute[1:], acc[:, 1:], r0, warmup=warmup_fraction * compute[-1],
+        eval_problems=int(runs[0]["eval_problems"]), resamples=resamples, level=level,
+    )  # fmt: skip
+    finals = acc[:, -1]
+    out = {
+        "label": runs[0]["label"],
+        "point": runs[0].get("point", {}),
+        "parameters": int(runs[0]["parameters"]),
+        "seeds": len(runs),
+        "steps": steps.tolist(),
+        "compute": compute.tolist(),
+        "accuracy": acc.tolist(),
+        "r0": r0,
+        "a": fi.fit.a, "b": fi.fit.b, "c_mid": fi.fit.c_mid,
+        "a_ci": list(fi.a), "b_ci": list(fi.b), "c_mid_ci": list(fi.c_mid),
+        "warmup_compute": warmup_fraction * float(compute[-1]),
+        "points_fitted": fi.fit.points,
+        "final_mean": float(finals.mean()),
+        "final_sd": float(finals.std(ddof=1)) if len(finals) > 1 else 0.0,
+    }  # fmt: skip
+    return out, fi
+
+
+def rl_fits(
+    records: Sequence[Record], warmup_fraction: float, resamples: int, level: float
+) -> tuple[list[dict[str, Any]], dict[str, FitIntervals]]:
+    """One fit per grid point, ranked by A (highest first)."""
+    fits, draws = [], {}
+    for label, runs in by_label([r for r in records if r["role"] == "grid"]).items():
+        fit, fi = fit_point(runs, warmup_fraction, resamples, level)
+        fits.append(fit)
+        draws[label] = fi
+    fits.sort(key=lambda f: -f["a"])
+    for rank, f in enumerate(fits, 1):
+        f["rank_by_a"] = rank
+    return fits, draws
+
+
+def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y on x."""
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(intercept), float(slope)
+
+
+def _size_inputs(
+    sizes: Sequence[dict[str, Any]],
+) -> tuple[list[float], list[np.ndarray], list[np.ndarray], list[float], list[float]]:
+    """(parameters, compute, seed scores, R0, warm-up cut) per size, step 0 left out (it is R0)."""
+    return (
+        [float(f["parameters"]) for f in sizes],
+        [np.array(f["compute"][1:]) for f in sizes],
+        [np.array(f["accuracy"])[:, 1:] for f in sizes],
+        [f["r0"] for f in sizes],
+        [f["warmup_compute"] for f in sizes],
+    )
+
+
+def size_law(
+    sizes: Sequence[dict[str, Any]], eval_problems: int, resamples: int, level: float
+) -> tuple[dict[str, Any], list[SizeFit]]:
+    """The joint fit over model sizes (scaling.fit_size_sigmoid: A and ln C_mid linear in ln N, B shared),
+    R0's line in ln N, and the bootstrap draws behind every interval."""
+    full, draws = bootstrap_size_fit(*_size_inputs(sizes), eval_problems=eval_problems, resamples=resamples)
+    q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
+
+    def band(values: list[float]) -> list[float]:
+        return [float(v) for v in np.percentile(values, q)]
+
+    x = np.log([f["parameters"] for f in sizes])
+    out = {
+        "sizes": [f["parameters"] for f in sizes],
+        "form": "A = a0 + a1 (ln N - x_ref), clipped to [R0, 1]; ln C_mid = c0 + c1 (ln N - x_ref); B shared; "
+        "R0 = r0 + r1 ln N",
+        "a0": full.a0, "a1": full.a1, "b": full.b, "c0": full.c0, "c1": full.c1, "x_ref": full.x_ref, "rss": full.rss,
+        "a1_ci": band([d.a1 for d in draws]), "c1_ci": band([d.c1 for d in draws]), "b_ci": band([d.b for d in draws]),
+        "r0_line": _line(x, np.array([f["r0"] for f in sizes])),
+    }  # fmt: skip
+    return out, draws
+
+
+def seed_spread(fits: Sequence[dict[str, Any]]) -> float:
+    """Pooled standard deviation of final accuracy across seeds over the grid points."""
+    dof = sum(f["seeds"] - 1 for f in fits)
+    return float(np.sqrt(sum((f["seeds"] - 1) * f["final_sd"] ** 2 for f in fits) / dof)) if dof else 0.0
+
+
+def rl_prediction(
+    fits: Sequence[dict[str, Any]],
+    draws: dict[str, FitIntervals],
+    target_point: dict[str, Any],
+    target_keys: set[str],
+    target_params: int,
+    target_compute: float,
+    target_seeds: int,
+    eval_problems: int,
+    level: float,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The target's predicted curve (median and band on a compute grid up to `target_compute`) and its final
+    accuracy with a predictive interval. Its peers are the grid points that agree with `target_point` on every
+    axis the target does not override (`target_keys`); a peer of the target's size is the run it lengthens
+    (extrapolate its own fit); otherwise the peers are the sizes of the joint size fit."""
+    rng = np.random.default_rng(seed)
+    peers = [
+        f
+        for f in fits
+        if all(f["point"].get(k) == target_point.get(k) for k in f["point"] if k not in target_keys)
+    ]
+    fits = peers
+    same = [f for f in fits if f["parameters"] == target_params]
+    grid = np.geomspace(target_compute / 50, target_compute, 40)
+    if same:  # a longer run of a grid point
+        f = same[0]
+        p = draws[f["label"]].draws
+        curves = np.stack([sigmoid_curve(grid, f["r0"], a, b, c) for a, b, c in p])
+        method, law, r0 = f"extrapolation of {f['label']}'s own fit", None, f["r0"]
+    else:
+        sizes = sorted({f["parameters"]: f for f in fits}.values(), key=lambda f: f["parameters"])
+        if len(sizes) < 2:
+            raise AnalysisError("predicting another model size needs grid points of at least two sizes")
+        law, size_draws = size_law(sizes, eval_problems, len(next(iter(draws.values())).draws), level)
+        r0 = float(np.clip(law["r0_line"][0] + law["r0_line"][1] * np.log(target_params), 0.0, 1.0))
+        curves = np.stack([d.curve(target_params, r0, grid) for d in size_draws])
+        method = f"joint size fit over {len(sizes)} sizes"
+    q = [(1 - level) / 2 * 100, 50, (1 + level) / 2 * 100]
+    lo, mid, hi = np.percentile(curves, q, axis=0)
+    mean_final = curves[:, -1]
+    n = max(1, eval_problems * target_seeds)
+    measured = rng.binomial(n, np.clip(mean_final, 0, 1)) / n + rng.normal(
+        0, seed_spread(fits) / np.sqrt(target_seeds), len(mean_final)
+    )
+    plo, pmid, phi = np.percentile(measured, q)
+    return {
+        "method": method,
+        "size_law": law,
+        "parameters": int(target_params),
+        "planned_compute": float(target_compute),
+        "r0": r0,
+        **_curve_params(grid, mid, r0),
+        "curve": {"compute": grid.tolist(), "lo": lo.tolist(), "mid": mid.tolist(), "hi": hi.tolist()},
+        "final": float(pmid),
+        "final_interval": [float(plo), float(phi)],
+        "final_fit_interval": [float(lo[-1]), float(hi[-1])],
+        "seed_spread": seed_spread(fits),
+        "level": level,
+    }  # fmt: skip
+
+
+def _curve_params(grid: np.ndarray, mid: np.ndarray, r0: float) -> dict[str, float]:
+    """A, B, C_mid of the median predicted curve (a sigmoid refitted to it: the medians of the draws'
+    parameters need not describe one curve)."""
+    f = fit_sigmoid(grid, mid, r0)
+    return {"a": f.a, "b": f.b, "c_mid": f.c_mid}
+
+
+def rl_validation(prediction: dict[str, Any], target_runs: Sequence[Record]) -> dict[str, Any]:
+    """The target's measurement against its prediction: the mean over seeds of the last eval, and the
+    predicted curve at the compute it actually used."""
+    steps, compute, acc = mean_curve(target_runs)
+    p = prediction
+    at_measured = float(sigmoid_curve(np.array(compute[-1]), p["r0"], p["a"], p["b"], p["c_mid"]))
+    final = float(acc[:, -1].mean())
+    lo, hi = p["final_interval"]
+    return {
+        "label": target_runs[0]["label"],
+        "steps": steps.tolist(),
+        "compute": compute.tolist(),
+        "accuracy": acc.tolist(),
+        "final_mean": final,
+        "final_per_seed": acc[:, -1].tolist(),
+        "final_compute": float(compute[-1]),
+        "predicted_at_final_compute": at_measured,
+        "inside_interval": bool(lo <= final <= hi),
+        "miss": 0.0 if lo <= final <= hi else float(final - (hi if final > hi else lo)),
+    }
+
+
+def pretrain_fits(
+    records: Sequence[Record], at: tuple[float, float] | None, resamples: int, level: float
+) -> dict[str, Any]:
+    """Chinchilla's law over the grid's mean held-out losses, and its prediction at `at` = (N, D) (default:
+    the grid's largest N and D) with a bootstrap interval."""
+    points = []
+    for label, runs in by_label([r for r in records if r["role"] == "grid"]).items():
+        points.append({
+            "label": label,
+            "parameters": int(runs[0]["parameters"]),
+            "tokens": float(np.mean([r["tokens"] for r in runs])),
+            "loss": float(np.mean([r["loss"] for r in runs])),
+            "seeds": len(runs),
+        })  # fmt: skip
+    n = [p["parameters"] for p in points]
+    d = [p["tokens"] for p in points]
+    y = [p["loss"] for p in points]
+    at = at or (max(n), max(d))
+    fit, pred, interval = bootstrap_chinchilla(n, d, y, at, resamples, level)
+    return {
+        "points": points,
+        "fit": {"e": fit.e, "a": fit.a, "alpha": fit.alpha, "b": fit.b, "beta": fit.beta, "rss": fit.rss},
+        "params_exponent": fit.params_exponent,
+        "form": "L(N, D) = E + A / N^alpha + B / D^beta",
+        "prediction": {
+            "parameters": at[0],
+            "tokens": at[1],
+            "loss": pred,
+            "interval": list(interval),
+            "level": level,
+        },
+    }
+
+
+def pretrain_validation(prediction: dict[str, Any], target_runs: Sequence[Record]) -> dict[str, Any]:
+    """The target's mean held-out loss against the predicted interval."""
+    lo, hi = prediction["interval"]
+    loss = float(np.mean([r["loss"] for r in target_runs]))
+    return {
+        "label": target_runs[0]["label"],
+        "loss": loss,
+        "per_seed": [r["loss"] for r in target_runs],
+        "tokens": float(np.mean([r["tokens"] for r in target_runs])),
+        "inside_interval": bool(lo <= loss <= hi),
+        "miss": 0.0 if lo <= loss <= hi else loss - (hi if loss > hi else lo),
+    }

@@ -1,0 +1,127 @@
+"""The pretraining law of Hoffmann et al. 2022 (Chinchilla, arXiv 2203.15556, their approach 3):
+
+    L(N, D) = E + A / N^alpha + B / D^beta
+
+L is the held-out loss after D training tokens with N parameters; E the irreducible loss; A, alpha and B, beta
+what finite size and finite data cost. With compute C = 6 N D, the loss-optimal split grows as
+N_opt ~ C^(beta / (alpha + beta)) and D_opt ~ C^(alpha / (alpha + beta)).
+
+Fit (pure numpy, deterministic): for each (alpha, beta) on a grid the loss is linear in (E, A, B), solved by
+non-negative least squares (every subset of the three terms, batched; the best feasible one); the grid then
+zooms in around the best point, as in scaling.py. Departures from the paper, stated: squared error on the loss
+itself rather than a Huber loss on log-loss (a ladder here has a dozen points and no outliers to resist), and
+bootstrap intervals over points rather than over the paper's initialisations.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def chinchilla_loss(
+    n: np.ndarray, d: np.ndarray, e: float, a: float, alpha: float, b: float, beta: float
+) -> np.ndarray:
+    """L(N, D). Worked numbers: E 1, A 10, alpha 0.5, B 100, beta 0.5 -> L(100, 10000) = 1 + 1 + 1 = 3."""
+    return e + a * np.asarray(n, np.float64) ** -alpha + b * np.asarray(d, np.float64) ** -beta
+
+
+@dataclass(frozen=True)
+class ChinchillaFit:
+    e: float
+    a: float
+    alpha: float
+    b: float
+    beta: float
+    rss: float
+    points: int
+
+    def predict(self, n: np.ndarray, d: np.ndarray) -> np.ndarray:
+        return chinchilla_loss(n, d, self.e, self.a, self.alpha, self.b, self.beta)
+
+    @property
+    def params_exponent(self) -> float:
+        """a in N_opt ~ C^a (the share of extra compute that should go to parameters)."""
+        return self.beta / (self.alpha + self.beta)
+
+
+_SUBSETS = [s for k in (3, 2, 1) for s in itertools.combinations(range(3), k)]
+
+
+def _nnls_rss(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For design matrices x [G, P, 3] and targets y [P]: non-negative least-squares coefficients [G, 3] and
+    residual sums of squares [G], by solving every subset of columns and keeping the best feasible one."""
+    g = x.shape[0]
+    best_rss = np.full(g, np.inf)
+    best_coef = np.zeros((g, 3))
+    for cols in _SUBSETS:
+        xs = x[:, :, list(cols)]
+        gram = np.einsum("gpi,gpj->gij", xs, xs) + 1e-12 * np.eye(len(cols))
+        rhs = np.einsum("gpi,p->gi", xs, y)
+        coef = np.linalg.solve(gram, rhs[..., None])[..., 0]
+        rss = ((np.einsum("gpi,gi->gp", xs, coef) - y) ** 2).sum(-1)
+        ok = (coef >= 0).all(-1) & (rss < best_rss)
+        full = np.zeros((g, 3))
+        full[:, list(cols)] = coef
+        best_rss = np.where(ok, rss, best_rss)
+        best_coef = np.where(ok[:, None], full, best_coef)
+    return best_coef, best_rss
+
+
+def fit_chinchilla(
+    params: Sequence[float], tokens: Sequence[float], loss: Sequence[float], rounds: int = 4
+) -> ChinchillaFit:
+    """Least-squares fit of E, A, alpha, B, beta (all >= 0) to (N, D, L) points; exponents in [0.01, 3]."""
+    n = np.asarray(params, np.float64)
+    d = np.asarray(tokens, np.float64)
+    y = np.asarray(loss, np.float64)
+    if len(y) < 5:
+        raise ValueError(f"a Chinchilla fit has 5 parameters and needs at least 5 points, got {len(y)}")
+    if len(set(n)) < 2 or len(set(d)) < 2:
+        raise ValueError("a Chinchilla fit needs at least two model sizes and two token counts")
+    lo, hi = np.log([0.01, 0.01]), np.log([3.0, 3.0])
+    best = (np.inf, np.zeros(3), 0.0, 0.0)
+    for _ in range(rounds):
+        la, lb = np.meshgrid(np.linspace(lo[0], hi[0], 41), np.linspace(lo[1], hi[1], 41), indexing="ij")
+        alpha, beta = np.exp(la).ravel(), np.exp(lb).ravel()
+        x = np.stack(
+            [np.ones((len(alpha), len(y))), n[None, :] ** -alpha[:, None], d[None, :] ** -beta[:, None]], -1
+        )  # [G, P, 3]
+        coef, rss = _nnls_rss(x, y)
+        k = int(np.argmin(rss))
+        if rss[k] < best[0]:
+            best = (float(rss[k]), coef[k], float(la.ravel()[k]), float(lb.ravel()[k]))
+        step = (hi - lo) / 40
+        lo = np.array([best[2], best[3]]) - 4 * step
+        hi = np.array([best[2], best[3]]) + 4 * step
+    rss, (e, a, b), la_best, lb_best = best
+    return ChinchillaFit(
+        float(e), float(a), float(np.exp(la_best)), float(b), float(np.exp(lb_best)), rss, len(y)
+    )
+
+
+def bootstrap_chinchilla(
+    params: Sequence[float],
+    tokens: Sequence[float],
+    loss: Sequence[float],
+    at: tuple[float, float],
+    resamples: int = 200,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[ChinchillaFit, float, tuple[float, float]]:
+    """The fit on all points, its prediction at `at` = (N, D), and a percentile interval of that prediction
+    over fits to points drawn with replacement (a draw with fewer than two sizes or token counts is redrawn)."""
+    n, d, y = (np.asarray(v, np.float64) for v in (params, tokens, loss))
+    full = fit_chinchilla(n, d, y)
+    rng = np.random.default_rng(seed)
+    preds: list[float] = []
+    while len(preds) < resamples:
+        i = rng.integers(0, len(y), len(y))
+        if len(set(n[i])) < 2 or len(set(d[i])) < 2:
+            continue
+        preds.append(float(fit_chinchilla(n[i], d[i], y[i]).predict(np.array(at[0]), np.array(at[1]))))
+    q = np.percentile(preds, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return full, float(full.predict(np.array(at[0]), np.array(at[1]))), (float(q[0]), float(q[1]))

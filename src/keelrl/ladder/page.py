@@ -1,0 +1,210 @@
+"""OUT/ladder.html: one self-contained page per ladder, in the report's style (monitor/report.py's inline SVG
+plots and styles, no JavaScript): the fitted curves with their bands over the measured points, the ranking by
+A with intervals, the size laws, the prediction against the validation run, and every run."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from keelrl.ladder.scaling import sigmoid_curve
+from keelrl.monitor.report import RUN_COLORS, STYLE, Series, svg_plot
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _ci(pair: list[float], fmt: str = ".3f") -> str:
+    return f"[{pair[0]:{fmt}}, {pair[1]:{fmt}}]"
+
+
+def _rl_plots(result: dict[str, Any]) -> list[str]:
+    series = []
+    for i, f in enumerate(sorted(result["fits"], key=lambda f: f["parameters"])):
+        color = RUN_COLORS[i % len(RUN_COLORS)]
+        compute, mean = np.array(f["compute"]), np.array(f["accuracy"]).mean(0)
+        series.append(
+            Series(
+                f"{f['label']} (mean of {f['seeds']})",
+                list(zip(compute[1:], mean[1:], strict=True)),
+                color,
+                dots=True,
+            )
+        )
+        grid = np.geomspace(compute[1], compute[-1] * 4, 40)
+        fitted = sigmoid_curve(grid, f["r0"], f["a"], f["b"], f["c_mid"])
+        series.append(
+            Series(f"fit: A {f['a']:.2f}, B {f['b']:.2f}", list(zip(grid, fitted, strict=True)), color, "6 3")
+        )
+    p = result.get("prediction")
+    if p:
+        c = p["curve"]
+        series.append(Series(
+            f"predicted target ({p['level']:.0%} band)", list(zip(c["compute"], c["mid"], strict=True)), "#444", "2 2",
+            band=list(zip(c["compute"], c["lo"], c["hi"], strict=True)),
+        ))  # fmt: skip
+    v = result.get("validation")
+    if v and "compute" in v:
+        mean = np.array(v["accuracy"]).mean(0)
+        series.append(
+            Series(
+                f"target measured (mean of {len(v['accuracy'])})",
+                list(zip(v["compute"][1:], mean[1:], strict=True)),
+                "#000",
+                dots=True,
+            )
+        )
+    plots = [
+        svg_plot(
+            "Held-out pass rate against training compute",
+            series,
+            (),
+            "pass rate",
+            760,
+            380,
+            "training FLOPs (estimated)",
+            log_x=True,
+        )
+    ]
+    for f in result["fits"]:
+        seeds = [
+            Series(f"seed {k}", list(zip(f["steps"], row, strict=True)), RUN_COLORS[k % len(RUN_COLORS)])
+            for k, row in enumerate(f["accuracy"])
+        ]
+        plots.append(svg_plot(f"{f['label']}: every seed", seeds, (), "pass rate", 370, 220))
+    return plots
+
+
+def _rl_tables(result: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><td>{f['rank_by_a']}</td><td>{_e(f['label'])}</td><td>{f['parameters']:,}</td><td>{f['r0']:.3f}</td>"
+        f"<td><b>{f['a']:.3f}</b> {_ci(f['a_ci'])}</td><td>{f['b']:.2f} {_ci(f['b_ci'], '.2f')}</td>"
+        f"<td>{f['c_mid']:.3g} {_ci(f['c_mid_ci'], '.2g')}</td><td>{f['final_mean']:.3f} ± {f['final_sd']:.3f}</td><td>{f['points_fitted']}</td></tr>"
+        for f in result["fits"]
+    )
+    out = (
+        "<h2>Fits, ranked by the ceiling A</h2><table><tr><th>rank</th><th>point</th><th>parameters</th><th>R0</th>"
+        "<th>A (ceiling)</th><th>B (efficiency)</th><th>C_mid (FLOPs)</th><th>final pass rate, mean ± sd over seeds</th>"
+        f"<th>points fitted</th></tr>{rows}</table>"
+    )
+    law = result.get("size_law")
+    if law:
+        out += (
+            f"<h2>Size law (one fit over every size)</h2><p>{_e(law['form'])}, x_ref = {law['x_ref']:.2f}: "
+            f"a0 {law['a0']:.3f}, a1 {law['a1']:.3f} {_ci(law['a1_ci'])}; c0 {law['c0']:.2f}, c1 {law['c1']:.3f} "
+            f"{_ci(law['c1_ci'])}; B {law['b']:.2f} {_ci(law['b_ci'], '.2f')}; R0 = {law['r0_line'][0]:.3f} + "
+            f"{law['r0_line'][1]:.3f} ln N. Sizes: {', '.join(f'{n:,}' for n in law['sizes'])}.</p>"
+        )
+    return out
+
+
+def _prediction_html(result: dict[str, Any]) -> str:
+    p, v = result.get("prediction"), result.get("validation")
+    if not p:
+        return ""
+    if result["kind"] == "pretrain":
+        text = (
+            f"<p>Predicted held-out loss of N = {p['parameters']:,.0f}, D = {p['tokens']:,.0f} tokens: <b>{p['loss']:.4f}</b> "
+            f"{_ci(p['interval'], '.4f')} ({p['level']:.0%})."
+        )
+        if v:
+            verdict = (
+                "inside the interval" if v["inside_interval"] else f"outside the interval by {v['miss']:+.4f}"
+            )
+            text += f" Measured: <b>{v['loss']:.4f}</b>, <b>{verdict}</b>."
+        return f"<h2>Prediction and validation</h2>{text}</p>"
+    text = (
+        f"<p>Made at {_e(p.get('made_at', '?'))}, before the target ran ({_e(p['method'])}): N = {p['parameters']:,}, "
+        f"planned compute {p['planned_compute']:.3g} FLOPs; predicted curve R0 {p['r0']:.3f}, A {p['a']:.3f}, B {p['b']:.2f}, "
+        f"C_mid {p['c_mid']:.3g}. Final pass rate (mean over the target's seeds, measurement noise included): "
+        f"<b>{p['final']:.3f}</b> {_ci(p['final_interval'])} ({p['level']:.0%}; the fits alone: {_ci(p['final_fit_interval'])})."
+    )
+    if v:
+        verdict = (
+            "inside the interval" if v["inside_interval"] else f"outside the interval by {v['miss']:+.3f}"
+        )
+        text += (
+            f" Measured: <b>{v['final_mean']:.3f}</b> (seeds {', '.join(f'{x:.3f}' for x in v['final_per_seed'])}), "
+            f"<b>{verdict}</b>; the predicted curve at the compute it used ({v['final_compute']:.3g}) is {v['predicted_at_final_compute']:.3f}."
+        )
+    return f"<h2>Prediction and validation</h2>{text}</p>"
+
+
+def _pretrain_html(result: dict[str, Any]) -> tuple[list[str], str]:
+    ch = result["chinchilla"]
+    f = ch["fit"]
+    sizes = sorted({p["parameters"] for p in ch["points"]})
+    series = []
+    for i, n in enumerate(sizes):
+        pts = sorted((p["tokens"], p["loss"]) for p in ch["points"] if p["parameters"] == n)
+        color = RUN_COLORS[i % len(RUN_COLORS)]
+        series.append(Series(f"N = {n:,}", pts, color, dots=True))
+        grid = np.geomspace(pts[0][0] / 2, pts[-1][0] * 4, 30)
+        loss = f["e"] + f["a"] * float(n) ** -f["alpha"] + f["b"] * grid ** -f["beta"]
+        series.append(Series(f"fit N = {n:,}", list(zip(grid, loss, strict=True)), color, "6 3"))
+    v = result.get("validation")
+    if v:
+        p = ch["prediction"]
+        series.append(
+            Series(
+                "target: predicted (interval)",
+                [(p["tokens"], p["loss"])],
+                "#444",
+                dots=True,
+                band=[(p["tokens"] * 0.97, *p["interval"]), (p["tokens"] * 1.03, *p["interval"])],
+            )
+        )
+        series.append(Series("target: measured", [(v["tokens"], v["loss"])], "#000", dots=True))
+    plot = svg_plot(
+        "Held-out loss against tokens, per model size",
+        series,
+        (),
+        "nats / token",
+        760,
+        380,
+        "training tokens",
+        log_x=True,
+    )
+    rows = "".join(
+        f"<tr><td>{_e(p['label'])}</td><td>{p['parameters']:,}</td><td>{p['tokens']:,.0f}</td><td>{p['loss']:.4f}</td></tr>"
+        for p in ch["points"]
+    )
+    text = (
+        f"<h2>Chinchilla fit</h2><p>{_e(ch['form'])}: E {f['e']:.3f}, A {f['a']:.3g}, alpha {f['alpha']:.3f}, "
+        f"B {f['b']:.3g}, beta {f['beta']:.3f}; compute-optimal parameters grow as C^{ch['params_exponent']:.2f}.</p>"
+        f"<table><tr><th>point</th><th>parameters</th><th>tokens</th><th>held-out loss</th></tr>{rows}</table>"
+    )
+    return [plot], text
+
+
+def render_page(result: dict[str, Any]) -> str:
+    if result["kind"] == "rl":
+        plots, tables = _rl_plots(result), _rl_tables(result)
+    else:
+        plots, tables = _pretrain_html(result)
+    runs = "".join(
+        f"<tr><td>{_e(r['name'])}</td><td>{_e(r['role'])}</td><td>{r['parameters']:,}</td>"
+        f"<td>{r['compute'][-1] if isinstance(r['compute'], list) else r['compute']:.3g}</td>"
+        f"<td>{r['cpu_seconds']:.0f}</td><td>{r['wall_seconds']:.0f}</td></tr>"
+        for r in result["runs"]
+    )
+    cost = result.get("cost", {})
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>keelrl ladder</title><style>{STYLE}</style></head><body>"
+        f"<h1>Scaling ladder ({_e(result['kind'])})</h1><p>config {_e(result['plan']['config'])}, "
+        f"overrides {_e(' '.join(result['plan']['overrides']) or 'none')}; CPU time {cost.get('cpu_seconds', 0) / 60:.1f} min.</p>"
+        f"{_prediction_html(result)}<div class='grid-plots'>{''.join(plots)}</div>{tables}"
+        f"<h2>Runs</h2><table><tr><th>run</th><th>role</th><th>parameters</th><th>final compute (FLOPs)</th>"
+        f"<th>CPU s</th><th>wall s</th></tr>{runs}</table></body></html>"
+    )
+
+
+def write_page(result: dict[str, Any], path: Path) -> Path:
+    from keelrl.monitor.run_dir import atomic_write_text
+
+    atomic_write_text(path, render_page(result))
+    return path
