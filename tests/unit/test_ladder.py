@@ -37,7 +37,7 @@ def test_chinchilla_coefficients_stay_non_negative() -> None:
     d = np.tile([1e4, 1e5, 1e6], 3)
     y = 1.0 + 5.0 * n**-0.3 - 0.5 * d**-0.2
     f = fit_chinchilla(n, d, y)
-    assert min(f.e, f.a, f.b) >= 0.0
+    assert min(f.e, f.a, f.b) >= 0.0 and f.b == 0.0 and f.params_exponent is None
 
 
 def test_chinchilla_bootstrap_covers_a_held_out_point() -> None:

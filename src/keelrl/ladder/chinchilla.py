@@ -43,8 +43,11 @@ class ChinchillaFit:
         return chinchilla_loss(n, d, self.e, self.a, self.alpha, self.b, self.beta)
 
     @property
-    def params_exponent(self) -> float:
-        """a in N_opt ~ C^a (the share of extra compute that should go to parameters)."""
+    def params_exponent(self) -> float | None:
+        """a in N_opt ~ C^a (the share of extra compute that should go to parameters); None when the fit
+        dropped the size or the data term (A or B = 0): then the split is not defined by the fit."""
+        if self.a <= 0.0 or self.b <= 0.0:
+            return None
         return self.beta / (self.alpha + self.beta)
 
 

@@ -169,13 +169,22 @@ def _pretrain_html(result: dict[str, Any]) -> tuple[list[str], str]:
         "training tokens",
         log_x=True,
     )
+    if ch["params_exponent"] is not None:
+        split = f"compute-optimal parameters grow as C^{ch['params_exponent']:.2f}"
+    else:
+        dropped = (
+            "size term (A = 0: at these token counts no larger model lowered the loss)"
+            if f["a"] <= 0
+            else "data term (B = 0)"
+        )
+        split = f"the fit has no {dropped}, so it names no compute-optimal split"
     rows = "".join(
         f"<tr><td>{_e(p['label'])}</td><td>{p['parameters']:,}</td><td>{p['tokens']:,.0f}</td><td>{p['loss']:.4f}</td></tr>"
         for p in ch["points"]
     )
     text = (
         f"<h2>Chinchilla fit</h2><p>{_e(ch['form'])}: E {f['e']:.3f}, A {f['a']:.3g}, alpha {f['alpha']:.3f}, "
-        f"B {f['b']:.3g}, beta {f['beta']:.3f}; compute-optimal parameters grow as C^{ch['params_exponent']:.2f}.</p>"
+        f"B {f['b']:.3g}, beta {f['beta']:.3f}; {split}.</p>"
         f"<table><tr><th>point</th><th>parameters</th><th>tokens</th><th>held-out loss</th></tr>{rows}</table>"
     )
     return [plot], text

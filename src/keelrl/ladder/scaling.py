@@ -94,6 +94,15 @@ def fit_sigmoid(
     return SigmoidFit(r0, a_best, float(np.exp(lb_best)), float(np.exp(lm_best)), rss_best, len(c))
 
 
+def resampled_mean(scores: np.ndarray, rng: np.random.Generator, eval_problems: int) -> np.ndarray:
+    """One bootstrap draw of the mean curve of `scores` [seeds, points]: seeds drawn with replacement, and
+    (eval_problems > 0) every score redrawn as a binomial pass rate over that many problems."""
+    rows = scores[rng.integers(0, len(scores), len(scores))]
+    if eval_problems > 0:
+        rows = rng.binomial(eval_problems, np.clip(rows, 0.0, 1.0)) / eval_problems
+    return rows.mean(0)
+
+
 @dataclass(frozen=True)
 class FitIntervals:
     fit: SigmoidFit  # the fit of the mean curve over all seeds
@@ -125,10 +134,7 @@ def bootstrap_fit(
     rng = np.random.default_rng(seed)
     params = []
     for _ in range(resamples):
-        rows = scores[rng.integers(0, len(scores), len(scores))]
-        if eval_problems > 0:
-            rows = rng.binomial(eval_problems, np.clip(rows, 0.0, 1.0)) / eval_problems
-        f = fit_sigmoid(compute, rows.mean(0), r0, warmup, ceiling)
+        f = fit_sigmoid(compute, resampled_mean(scores, rng, eval_problems), r0, warmup, ceiling)
         params.append((f.a, f.b, f.c_mid))
     p = np.array(params)
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
@@ -231,12 +237,6 @@ def bootstrap_size_fit(
     rng = np.random.default_rng(seed)
     draws = []
     for _ in range(resamples):
-        rows = []
-        for s in seed_scores:
-            s = np.asarray(s, np.float64)
-            pick = s[rng.integers(0, len(s), len(s))]
-            if eval_problems > 0:
-                pick = rng.binomial(eval_problems, np.clip(pick, 0.0, 1.0)) / eval_problems
-            rows.append(pick.mean(0))
+        rows = [resampled_mean(np.asarray(s, np.float64), rng, eval_problems) for s in seed_scores]
         draws.append(fit_size_sigmoid(params, compute, rows, r0, warmup, ceiling))
     return full, draws
