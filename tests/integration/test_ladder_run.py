@@ -91,7 +91,14 @@ def test_runner_reuses_finished_runs_reports_failures_and_keeps_its_prediction(
     saved = json.loads((out / "ladder.json").read_text())
     saved["prediction"]["loss"] = 123.0  # as if the prediction had been another: it must not be recomputed
     (out / "ladder.json").write_text(json.dumps(saved))
+    assert result["cost"]["cpu_seconds_complete"] and result["cost"]["cpu_seconds"] > 0
+    # a ladder killed while a point ran leaves that invocation open: its CPU seconds are then a lower bound
+    cost_file = out / "runs" / "hidden_size=16_pretrain_steps=100__seed0" / "ladder_cost.json"
+    cost = json.loads(cost_file.read_text())
+    cost["invocations"].insert(0, {"exit": None, "cpu_seconds": 0.0, "wall_seconds": 0.0})
+    cost_file.write_text(json.dumps(cost))
     again = run_ladder(**args)
+    assert not again["cost"]["cpu_seconds_complete"] and "&ge; " in (out / "ladder.html").read_text()
     assert _launches(out) == {**launches, "hidden_size=32_pretrain_steps=200__seed0": 2}
     assert again["prediction"]["loss"] == 123.0 and again["prediction"]["made_at"] == pred["made_at"]
     assert "Prediction and validation" in (out / "ladder.html").read_text()

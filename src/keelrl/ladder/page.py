@@ -198,7 +198,8 @@ def render_page(result: dict[str, Any]) -> str:
     runs = "".join(
         f"<tr><td>{_e(r['name'])}</td><td>{_e(r['role'])}</td><td>{r['parameters']:,}</td>"
         f"<td>{r['compute'][-1] if isinstance(r['compute'], list) else r['compute']:.3g}</td>"
-        f"<td>{r['cpu_seconds']:.0f}</td><td>{r['wall_seconds']:.0f}</td></tr>"
+        f"<td>{'' if r.get('cpu_seconds_complete', True) else '&ge; '}{r['cpu_seconds']:.0f}</td>"
+        f"<td>{r['wall_seconds']:.0f}</td></tr>"
         for r in result["runs"]
     )
     cost = result.get("cost", {})

@@ -40,14 +40,17 @@ def run_process(argv: list[str], run_dir: Path) -> int:
     the children it waited for: the supervised worker) and wall seconds to run_dir/ladder_cost.json."""
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    cost = _cost(run_dir)
+    # written first, completed after: a ladder killed meanwhile leaves {"exit": None} (CPU seconds unknown)
+    cost["invocations"].append({"exit": None, "cpu_seconds": 0.0, "wall_seconds": 0.0})
+    atomic_write_text(run_dir / "ladder_cost.json", json.dumps(cost, indent=2) + "\n")
     with open(run_dir / "ladder.log", "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = code = os.waitstatus_to_exitcode(status)
-    cost = _cost(run_dir)
-    cost["invocations"].append(
-        {"exit": code, "cpu_seconds": usage.ru_utime + usage.ru_stime, "wall_seconds": time.time() - t0}
-    )
+    cost["invocations"][-1] = {
+        "exit": code, "cpu_seconds": usage.ru_utime + usage.ru_stime, "wall_seconds": time.time() - t0
+    }  # fmt: skip
     atomic_write_text(run_dir / "ladder_cost.json", json.dumps(cost, indent=2) + "\n")
     return code
 
@@ -91,6 +94,7 @@ def run_all(
         records.append({
             "name": run.name, "label": run.label, "seed": run.seed, "role": run.role,
             "point": {k: v for k, v in run.point}, "cpu_seconds": sum(c["cpu_seconds"] for c in cost),
+            "cpu_seconds_complete": all(c["exit"] is not None for c in cost),
             **kind.record(run_dir),
         })  # fmt: skip
     return records
@@ -193,7 +197,9 @@ def run_ladder(
             )
             result["prediction"]["made_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         _write(out, result, write_page)
-        say(f"prediction written to {out / 'ladder.json'} before the target runs")
+        say(
+            f"prediction (made {result['prediction']['made_at']}) is in {out / 'ladder.json'}; now the target runs"
+        )
         target_records = run_all(kind, targets, out, argv, lad.jobs, say)
         result["runs"] = records + target_records
         if result["prediction"].get("size_law"):
@@ -202,6 +208,8 @@ def run_ladder(
         result["validation"] = validate(result["prediction"], target_records)
     result["cost"] = {
         "cpu_seconds": sum(r["cpu_seconds"] for r in result["runs"]),
+        # False when a ladder was killed while a run's process ran: that invocation's CPU time is unknown
+        "cpu_seconds_complete": all(r["cpu_seconds_complete"] for r in result["runs"]),
         "wall_seconds_sum": sum(r["wall_seconds"] for r in result["runs"]),
         "gpu_seconds": sum(r.get("gpu_seconds", 0.0) for r in result["runs"]),
     }
