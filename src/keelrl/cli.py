@@ -61,7 +61,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"--nproc-per-node={args.nproc_per_node}",
                 "--max-restarts=0",
             ]
-            if args.nproc_per_node > 1
+            if args.nproc_per_node > 1 or args.torchrun
             else []
         )
         argv = [
@@ -81,9 +81,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         code = supervise(argv, run_dir, cfg.supervisor)
         _print_outcome(run_dir)
         return code
-    if args.nproc_per_node > 1:
+    if args.nproc_per_node > 1 or args.torchrun:
         raise ConfigError(
-            "--nproc-per-node needs the supervisor (it launches torchrun); drop --no-supervisor, or run "
+            "--nproc-per-node and --torchrun need the supervisor (it launches torchrun); drop --no-supervisor, or run "
             "`torchrun --nproc-per-node N -m keelrl train CONFIG` yourself"
         )
     return cmd_worker(args)
@@ -235,6 +235,12 @@ def _add_train_options(t: argparse.ArgumentParser, positional_config: bool = Tru
         type=int,
         default=1,
         help="train with N processes on this machine (torchrun under keelrl's supervisor; see [distributed])",
+    )
+    t.add_argument(
+        "--torchrun",
+        action="store_true",
+        help="launch under torchrun even for one process: a process group of one rank, so the NCCL and FSDP2 "
+        "paths run on one GPU as on many",
     )
 
 

@@ -37,6 +37,9 @@ class World:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # joined a torch.distributed process group (started by torchrun), even of one rank: the NCCL and FSDP2 paths
+    # then run as they would on many (one GPU checks them); False: one plain process
+    grouped: bool = False
 
     @property
     def is_writer(self) -> bool:
@@ -56,7 +59,8 @@ def under_torchrun() -> bool:
 
 
 def init_world(device_pref: str = "auto", backend: str = "auto", timeout_s: float = 300.0) -> World:
-    """Read torchrun's RANK, WORLD_SIZE, LOCAL_RANK (absent: one process); with several, join the group."""
+    """Read torchrun's RANK, WORLD_SIZE, LOCAL_RANK (absent: one plain process); under torchrun join the
+    process group, even of one rank (`World.grouped`)."""
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -66,7 +70,7 @@ def init_world(device_pref: str = "auto", backend: str = "auto", timeout_s: floa
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    if world_size > 1 and not dist.is_initialized():
+    if under_torchrun() and not dist.is_initialized():
         if backend == "auto":
             backend = "nccl" if use_cuda else "gloo"
         if backend == "nccl" and not use_cuda:
@@ -78,7 +82,7 @@ def init_world(device_pref: str = "auto", backend: str = "auto", timeout_s: floa
             timeout=timedelta(seconds=timeout_s),
             store=_attempt_store(rank, world_size, timeout_s),
         )
-    return World(rank, world_size, local_rank, device)
+    return World(rank, world_size, local_rank, device, grouped=dist.is_available() and dist.is_initialized())
 
 
 # torchrun's switch for a fresh rendezvous store per restart attempt (see `_attempt_store`)
@@ -122,10 +126,10 @@ def close_world() -> None:
 
 
 def wrap_for_training(policy: torch.nn.Module, world: World, strategy: Strategy) -> torch.nn.Module:
-    """The module the update's forward runs through (world size 1: `LogprobModule(policy)`). With fsdp2 the
+    """The module the update's forward runs through (one plain process: `LogprobModule(policy)`). With fsdp2 the
     policy's own parameters become shards: build the optimizer over `policy.parameters()` after this call."""
     module = LogprobModule(policy)
-    if world.world_size == 1:
+    if not world.grouped:
         return module
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel

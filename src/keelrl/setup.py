@@ -150,7 +150,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
     lock = lock_run_dir(run_dir, world)  # before anything in it is written
     engines: list[Any] = []  # Ray pools started so far: they must not outlive a failed setup
     try:
-        sharded = world.world_size > 1 and cfg.distributed.strategy == "fsdp2"
+        sharded = world.grouped and cfg.distributed.strategy == "fsdp2"
         # sampling needs whole weights: a copy made before sharding
         sampler_model = copy.deepcopy(policy) if sharded else policy
         train_module = wrap_for_training(policy, world, cfg.distributed.strategy)

@@ -194,3 +194,9 @@ def test_doctor_and_report_see_a_stale_running_status(tmp_path: Path) -> None:
     code, err, _ = cli("report", str(run), "-o", str(out))
     assert code == 0, err
     assert "running (stale: no heartbeat for 2.0 h; the process is gone)" in out.read_text()
+
+
+def test_torchrun_without_the_supervisor_says_how(tmp_path: Path) -> None:
+    code, err, _ = cli("train", SMOKE, "--torchrun", "--no-supervisor", "--run-dir", str(tmp_path / "r"))
+    assert code == EXIT_USER_ERROR and "need the supervisor" in err and "torchrun" in err
+    assert not (tmp_path / "r").exists()

@@ -112,6 +112,19 @@ def test_two_processes_equal_one(
         _assert_sharded_checkpoints(tmp_path / "multi")
 
 
+@pytest.mark.slow  # 25 s: the one-rank group of benchmarks/gpu_check.sh, here with gloo
+def test_one_rank_torchrun_group_with_fsdp2_equals_one_process(
+    format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    """`keelrl train --torchrun` with one process: a process group of one rank, so FSDP2 shards (as the GPU
+    check needs on one GPU), and the update is the plain process's."""
+    extra = ['distributed.strategy="fsdp2"', "train.share_prefix=false"]
+    _run(_argv(tmp_path / "single", format_run, *extra))
+    _run([*_argv(tmp_path / "group", format_run, *extra, supervised=True), "--torchrun"])
+    _assert_same_update(tmp_path / "single", tmp_path / "group", initial)
+    _assert_sharded_checkpoints(tmp_path / "group", ranks=1)
+
+
 @pytest.mark.slow  # 40 s: three processes on two cores
 def test_sft_two_processes_equal_one(
     format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
@@ -159,7 +172,7 @@ def test_two_processes_equal_one_asynchronously(
     assert _max_diff(_weights(tmp_path / "resumed"), _weights(tmp_path / "multi")) == 0.0
 
 
-def _assert_sharded_checkpoints(run: Path) -> None:
+def _assert_sharded_checkpoints(run: Path, ranks: int = 2) -> None:
     """An FSDP2 run's checkpoints hold each rank's shards (torch.distributed.checkpoint), covered by the
     manifest like every other file, next to an HF copy of the whole weights; a damaged shard is caught."""
     from keelrl.checkpoint import committed, read_manifest, verify
@@ -168,17 +181,17 @@ def _assert_sharded_checkpoints(run: Path) -> None:
     assert [p.name for p in ckpts][:2] == ["step_00000004", "step_00000002"]
     latest = ckpts[0]
     shards = sorted(p.name for p in (latest / "sharded").iterdir())
-    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert shards == [".metadata", *(f"__{r}_0.distcp" for r in range(ranks))]
     listed = read_manifest(latest)["files"]
     assert {f"sharded/{name}" for name in shards} <= listed.keys() and "model.safetensors" in listed
     saved = load_file(str(latest / "model.safetensors"))
     assert _max_diff(saved, _weights(run)) == 0.0  # the HF copy is the trained policy
     assert verify(latest) is None
-    shard = latest / "sharded" / "__1_0.distcp"
+    shard = latest / "sharded" / f"__{ranks - 1}_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert "sharded/__1_0.distcp" in (verify(latest) or "")
+    assert f"sharded/__{ranks - 1}_0.distcp" in (verify(latest) or "")
 
 
 def _rank_pid(run_dir: Path, rank: int) -> int | None:

@@ -3,7 +3,7 @@ already made (a ladder started again reuses it), and the record the fits read fr
 
 Compute is estimated, not measured: a forward pass costs 2 FLOPs per parameter per token and a backward pass
 4 (Kaplan et al. 2020, the rule ScaleRL and Chinchilla use). The CPU seconds each process used are measured
-beside it (`ladder_cost.json`), and the wall time is in the run's summary."""
+beside it (`ladder_cost.json`), and the wall time of its last process is in the run's summary."""
 
 from __future__ import annotations
 
