@@ -75,7 +75,16 @@ def _rl_plots(result: dict[str, Any]) -> list[str]:
             Series(f"seed {k}", list(zip(f["steps"], row, strict=True)), RUN_COLORS[k % len(RUN_COLORS)])
             for k, row in enumerate(f["accuracy"])
         ]
-        plots.append(svg_plot(f"{f['label']}: every seed", seeds, (), "pass rate", 370, 220))
+        plots.append(
+            svg_plot(
+                f"rank {f['rank_by_a']} (N = {f['parameters']:,}): every seed",
+                seeds,
+                (),
+                "pass rate",
+                370,
+                220,
+            )
+        )
     return plots
 
 
