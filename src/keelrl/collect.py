@@ -247,3 +247,23 @@ def episode_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
         "episode/length": float(length.mean()),
         **{f"episode/end/{name}": float((end == i).double().mean()) for i, name in enumerate(EPISODE_ENDS)},
     }
+
+
+def step_times(t0: float, t1: float, t2: float, tc: float, t3: float, tokens: float) -> dict[str, float]:
+    """A step's phase times from its clock readings: start, sampled, scored, refilled, updated."""
+    return {
+        "time/gen_s": t1 - t0,
+        "time/score_s": t2 - t1,
+        "time/refill_s": tc - t2,
+        "time/train_s": t3 - tc,
+        "time/step_s": t3 - t0,
+        "throughput/tokens_per_s": tokens / max(t3 - t0, 1e-9),
+    }
+
+
+def log_rollouts(run: Run, state: TrainState, rollouts: list[Rollout]) -> None:
+    """log.rollouts_per_step of the step's rollouts, evenly spaced, to rollouts.jsonl.gz (rank 0)."""
+    n = run.cfg.log.rollouts_per_step
+    if n and run.world.is_writer:
+        stride = max(1, len(rollouts) // n)
+        run.run_dir.append_rollouts([r.to_json(state.step) for r in rollouts[::stride][:n]])

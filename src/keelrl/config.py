@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from keelrl.algo.config import AlgoConfig as AlgoConfig  # re-exported: its home is algo/config.py
-from keelrl.config_checks import check_batch_arithmetic, check_engine, check_off_policy
+from keelrl.config_checks import check_batch_arithmetic, check_engine, check_off_policy, check_selfplay
 from keelrl.config_load import ConfigError as ConfigError  # re-exported: the error callers catch
 from keelrl.config_load import apply_overrides, read_toml, validate
 from keelrl.guards.rules import GuardsConfig
@@ -21,6 +21,7 @@ from keelrl.ladder.config import LadderConfig
 from keelrl.lora_config import LoraConfig as LoraConfig  # re-exported: its home is lora_config.py
 from keelrl.rm.config import RewardConfig as RewardConfig  # re-exported: its home is rm/config.py
 from keelrl.rollout.vllm_config import VLLMConfig
+from keelrl.selfplay.config import SelfPlayConfig
 from keelrl.sft.config import DataConfig as DataConfig  # re-exported: its home is sft/config.py
 
 
@@ -168,13 +169,14 @@ class EpisodeConfig(Section):
 
 
 class TrainConfig(Section):
-    stage: Literal["rl", "sft", "rm"] = Field(
+    stage: Literal["rl", "sft", "rm", "selfplay"] = Field(
         "rl",
         description=(
             "What a step does: rl samples, scores and updates (the default); sft takes data.batch_size examples "
             "of [data] and minimises their answers' negative log-likelihood (`keelrl sft` sets it); rm fits a "
             "reward model (model.path's decoder with a scalar head) to data.batch_size preference pairs of "
-            "[data] (`keelrl rm train` sets it)."
+            "[data] (`keelrl rm train` sets it); selfplay proposes its own training problems and solves them "
+            "([selfplay], selfplay/step.py)."
         ),
     )
     steps: int = Field(
@@ -542,6 +544,10 @@ class Config(Section):
         default_factory=DistributedConfig,
         description="Several processes (torchrun) and remote scoring (Ray).",
     )
+    selfplay: SelfPlayConfig = Field(
+        default_factory=SelfPlayConfig,
+        description="Self-play (train.stage = 'selfplay'): proposals and their buffer.",
+    )
     ladder: LadderConfig = Field(
         default_factory=LadderConfig,
         description="Scaling ladders (`keelrl ladder`): a grid of short runs, fitted and extrapolated; training ignores it.",
@@ -552,6 +558,7 @@ class Config(Section):
         check_batch_arithmetic(self, world_size=1)
         check_engine(self)
         check_off_policy(self)
+        check_selfplay(self)
         return self
 
     @property

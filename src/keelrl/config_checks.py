@@ -116,3 +116,24 @@ def check_supervised_stage(cfg: Config, world_size: int) -> None:
         raise ValueError(
             f"train.stage = '{stage}' does not use {', '.join(bad)}; remove them from the {stage.upper()} config"
         )
+
+
+def check_selfplay(cfg: Config) -> None:
+    """train.stage = "selfplay": a task with a proposal checker, synchronous sampling, and room in the solver's
+    batch for every proposal a step can make (so each new one is solved, and paid, in its step)."""
+    if cfg.train.stage != "selfplay":
+        return
+    if cfg.task.name != "countdown":
+        raise ValueError(
+            f"train.stage = 'selfplay' needs a task whose proposals keelrl can check; countdown has one, "
+            f"task.name = {cfg.task.name!r} has none yet"
+        )
+    if cfg.rollout.max_staleness:
+        raise ValueError("train.stage = 'selfplay' samples synchronously; set rollout.max_staleness = 0")
+    proposals = cfg.selfplay.proposer_prompts * cfg.rollout.group_size
+    if proposals > cfg.prompts_per_step:
+        raise ValueError(
+            f"selfplay.proposer_prompts x rollout.group_size = {proposals} proposals per step, but the solver "
+            f"takes rollout.batch_size / group_size = {cfg.prompts_per_step} problems: lower proposer_prompts or "
+            "raise rollout.batch_size, so that every new proposal is solved (and paid) in its step"
+        )

@@ -37,6 +37,7 @@ from keelrl.rollout.episodes import Prompter
 from keelrl.rollout.pipeline import Pipeline, ProgressCount
 from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus
 from keelrl.run import Live, ResumeError, Run
+from keelrl.selfplay.source import SelfPlaySource
 from keelrl.sft.step import load_sft_data
 from keelrl.state import TrainState
 from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, pulse
@@ -162,6 +163,8 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             if cfg.train.compile:
                 compile_decoder(ref)
         critic, critic_opt = None, None
+        if cfg.train.stage == "selfplay" and world.world_size > 1:
+            raise ValueError("train.stage = 'selfplay' runs in one process for now; drop --nproc-per-node")
         if cfg.algo.advantage == "gae":
             if world.world_size > 1:
                 raise ValueError(
@@ -179,7 +182,11 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             critic_optimizer=critic_opt,
             lora_base=lora_base,
         )
-        source = make_source(task, cfg.curriculum, cfg.train.seed)
+        source = (  # self-play's problems come from its buffer of proposals
+            SelfPlaySource(cfg.selfplay.buffer_capacity)
+            if cfg.train.stage == "selfplay"
+            else make_source(task, cfg.curriculum, cfg.train.seed)
+        )
         restore_or_start(run_dir, state, resume, config_dict)
         source.load_state_dict(state.curriculum)
         live = Live(Guardian(cfg.guards, state.guards), run_dir.metrics())  # every rank: guards decide alike

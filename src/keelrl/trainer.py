@@ -27,10 +27,12 @@ from keelrl import checkpoint as ckpt
 from keelrl.collect import (
     curriculum_phase,
     fill_pipeline,
+    log_rollouts,
     next_batch,
     pool_metrics,
     rollout_metrics,
     score_phase,
+    step_times,
 )
 from keelrl.config import Config
 from keelrl.distributed import all_reduce_sum, broadcast_object, close_world
@@ -49,6 +51,7 @@ from keelrl.recovery import (
 )
 from keelrl.rm.step import held_out_pairs, rm_step
 from keelrl.run import GuardStop, ResumeError, Run, RunStop
+from keelrl.selfplay.step import selfplay_step
 from keelrl.setup import ResumeMode, setup, shutdown_engines
 from keelrl.sft.step import held_out_loss, sft_step
 from keelrl.state import TrainState
@@ -160,20 +163,8 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     state.curriculum = run.source.state_dict()
     metrics["guard/skipped_steps"] = float(state.guards.get("skipped_steps", 0))
     metrics.update(run.ckpt_policy.behind(state.step))  # only once a checkpoint save has failed
-    metrics.update(
-        {
-            "time/gen_s": t1 - t0,
-            "time/score_s": t2 - t1,
-            "time/refill_s": tc - t2,
-            "time/train_s": t3 - tc,
-            "time/step_s": t3 - t0,
-            "throughput/tokens_per_s": metrics["tokens/generated"] / max(t3 - t0, 1e-9),
-        }
-    )
-    n = run.cfg.log.rollouts_per_step
-    if n and run.world.is_writer:
-        stride = max(1, len(rollouts) // n)
-        run.run_dir.append_rollouts([r.to_json(state.step) for r in rollouts[::stride][:n]])
+    metrics.update(step_times(t0, t1, t2, tc, t3, metrics["tokens/generated"]))
+    log_rollouts(run, state, rollouts)
     return metrics
 
 
@@ -182,6 +173,7 @@ STEPS: dict[str, Callable[[Run, TrainState], dict[str, float]]] = {
     "rl": train_step,
     "sft": sft_step,
     "rm": rm_step,
+    "selfplay": selfplay_step,
 }
 
 

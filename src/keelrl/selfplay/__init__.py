@@ -1,4 +1,4 @@
-"""Self-play (issue 29, in progress): the policy proposes its own problems and solves them. Built so far: the
-proposal checks for Countdown (`countdown.py`), the problem buffer with deduplication and difficulty records
-(`buffer.py`) and the proposer's learnability reward (`keelrl.algo.selfplay`). Not built yet: the
-propose-then-solve step in the trainer, its guards and the demonstration; nothing calls this package yet."""
+"""Self-play (`train.stage = "selfplay"`, issue 29): the policy proposes its own training problems and solves
+them (`step.py`). Proposals are checked by the task's rules (`countdown.py`), kept deduplicated with their
+difficulty records in a buffer that is the run's problem source (`buffer.py`, `source.py`), and a new one is
+paid by its learnability (`keelrl.algo.selfplay`)."""

@@ -60,3 +60,27 @@ def check_proposal(task: Countdown, text: str) -> Proposal:
     if solve(numbers, target) is None:
         return Proposal(None, "unsolvable")
     return Proposal(problem, "valid", problem_key(problem))
+
+
+PROPOSE_TEXT = (
+    "Write a new Countdown problem: {lo_n} to {hi_n} numbers from {lo} to {hi}, and a target from {tmin} to {tmax} "
+    "that the numbers reach with + - * /, each number used once. Write it on one line as `numbers -> target`, "
+    "like `37 12 -> 444`."
+)
+
+
+def proposer_prompt(task: Countdown, first: int, template: str) -> tuple[str, str]:
+    """(user text, the line's start) of a proposer prompt. The line starts with `first` (drawn per prompt from
+    the task's number range): a tiny model pretrained on the compact template's `a b -> t` lines continues
+    it into a problem with no instruction at all (the user text is then unused), and a chat model is told
+    the format."""
+    p = task.params
+    text = PROPOSE_TEXT.format(
+        lo_n=p.min_numbers,
+        hi_n=p.max_numbers,
+        lo=p.min_number,
+        hi=p.max_number,
+        tmin=p.min_target,
+        tmax=p.max_target,
+    )
+    return ("" if template == "compact" else text), f"{first} "
