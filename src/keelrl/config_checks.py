@@ -128,12 +128,27 @@ def check_selfplay(cfg: Config) -> None:
             f"train.stage = 'selfplay' needs a task whose proposals keelrl can check; countdown has one, "
             f"task.name = {cfg.task.name!r} has none yet"
         )
-    if cfg.rollout.max_staleness:
-        raise ValueError("train.stage = 'selfplay' samples synchronously; set rollout.max_staleness = 0")
+    unsupported = {
+        "rollout.max_staleness": (cfg.rollout.max_staleness, 0),
+        "reward.model": (cfg.reward.model, ""),
+        "curriculum.kind": (cfg.curriculum.kind, "sequential"),
+        "curriculum.dynamic_sampling": (cfg.curriculum.dynamic_sampling, False),
+    }
+    for key, (value, plain) in unsupported.items():
+        if value != plain:
+            raise ValueError(
+                f"train.stage = 'selfplay' does not combine with {key} = {value!r} yet (the proposals' buffer is "
+                f"its problem source and the task's checker its reward); set {key} = {plain!r}"
+            )
     proposals = cfg.selfplay.proposer_prompts * cfg.rollout.group_size
     if proposals > cfg.prompts_per_step:
         raise ValueError(
             f"selfplay.proposer_prompts x rollout.group_size = {proposals} proposals per step, but the solver "
             f"takes rollout.batch_size / group_size = {cfg.prompts_per_step} problems: lower proposer_prompts or "
             "raise rollout.batch_size, so that every new proposal is solved (and paid) in its step"
+        )
+    if cfg.selfplay.buffer_capacity < proposals:
+        raise ValueError(
+            f"selfplay.buffer_capacity = {cfg.selfplay.buffer_capacity} is below the {proposals} proposals of one "
+            "step: a new problem could leave the buffer before it is solved"
         )

@@ -57,6 +57,7 @@ def _cfg(model: Path, steps: int, **overrides: dict) -> object:
         "checkpoint": {"every_steps": 2},
         "log": {"progress": False, "rollouts_per_step": 64},
         "supervisor": {"enabled": False},
+        "curriculum": {},
     }
     for section, values in overrides.items():
         data[section].update(values)
@@ -120,3 +121,7 @@ def test_selfplay_config_errors(corpus_model: Path) -> None:
         _cfg(corpus_model, 2, task={"name": "multiply", "params": {}})
     with pytest.raises(ConfigError, match="every new proposal is solved"):
         _cfg(corpus_model, 2, selfplay={"proposer_prompts": 3})
+    with pytest.raises(ConfigError, match="leave the buffer"):
+        _cfg(corpus_model, 2, selfplay={"buffer_capacity": 4})
+    with pytest.raises(ConfigError, match=r"curriculum\.kind"):
+        _cfg(corpus_model, 2, curriculum={"kind": "adaptive"})
