@@ -590,3 +590,42 @@ def test_spike_rules_leave_reward_model_steps_alone() -> None:
     assert f is not None and f.name == "grad_spike"
     f = check_update(history, 30, float("nan"), 6.0, 0.0, 1.0, cfg, pair_nll=float("nan"))
     assert f is not None and f.name == "nonfinite"
+
+
+# -------------------------------------------------------------------------------- self-play's proposer
+
+
+def selfplay(
+    history: list[dict[str, Any]], valid: float = 0.4, dup: float = 0.05, solve: float = 0.5
+) -> list[dict[str, Any]]:
+    """A healthy self-play run: many valid proposals, few duplicates, new problems solved about half the time."""
+    return set_from(
+        history, 1, selfplay__valid_frac=valid, selfplay__duplicate_frac=dup, selfplay__new_solve_rate=solve
+    )
+
+
+def test_healthy_selfplay_is_quiet_and_other_runs_have_no_proposer_findings() -> None:
+    h = selfplay(healthy())
+    assert check(h) == [] and scan(h) == []
+    assert all(f.name not in ("proposer_collapse", "proposal_difficulty") for f in check(healthy()))
+
+
+def test_proposer_collapse() -> None:
+    h = selfplay(healthy())
+    f = only(check(set_from(h, 100, selfplay__duplicate_frac=0.36)), "proposer_collapse")  # 0.36 / 0.4 = 90%
+    assert f.severity == "warning" and f.evidence["duplicate_share"] == pytest.approx(0.9)
+    assert all(
+        f.name != "proposer_collapse" for f in check(set_from(h, 100, selfplay__duplicate_frac=0.28))
+    )  # 70%
+    # nearly nothing valid: duplicates of nothing are not a collapse (no finding from this rule)
+    rare = set_from(h, 100, selfplay__valid_frac=0.02, selfplay__duplicate_frac=0.02)
+    assert all(f.name != "proposer_collapse" for f in check(rare))
+
+
+def test_proposal_difficulty_trivial_and_hopeless() -> None:
+    h = selfplay(healthy())
+    trivial = only(check(set_from(h, 100, selfplay__new_solve_rate=0.97)), "proposal_difficulty")
+    assert "trivial" in trivial.message and trivial.evidence["new_solve_rate"] == pytest.approx(0.97)
+    hopeless = only(check(set_from(h, 100, selfplay__new_solve_rate=0.02)), "proposal_difficulty")
+    assert "too hard" in hopeless.message
+    assert all(f.name != "proposal_difficulty" for f in check(set_from(h, 100, selfplay__new_solve_rate=0.9)))

@@ -1,6 +1,6 @@
 """The guard rules: `RULES`, the one registry (name -> rule), and `GuardsConfig`, the [guards] section with
 one sub-section of thresholds per rule under its name. The rules live by family, each next to its thresholds:
-numerics.py, policy.py, reward.py, process.py, episode.py.
+numerics.py, policy.py, reward.py, process.py, episode.py, selfplay.py.
 
 A rule is a pure function `rule(history, thresholds) -> Finding | None` that judges the *latest* window of
 `history` (metrics.jsonl records, in step order). Threshold fields say where each default comes from
@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from keelrl.guards.base import Finding, Record, RuleThresholds
-from keelrl.guards.rules import episode, numerics, policy, process, reward
+from keelrl.guards.rules import episode, numerics, policy, process, reward, selfplay
 
 
 def section(thresholds: type[RuleThresholds]) -> Any:
@@ -49,6 +49,8 @@ RULES: dict[str, RuleFn] = {
     "throughput_drop": process.throughput_drop,
     "tool_error_surge": episode.tool_error_surge,
     "turn_budget": episode.turn_budget,
+    "proposer_collapse": selfplay.proposer_collapse,
+    "proposal_difficulty": selfplay.proposal_difficulty,
 }
 # Rules about one step: judged at every record when scanning (a windowed rule may be judged less often).
 POINTWISE = ("nonfinite", "grad_spike", "loss_spike", "exact_zero")
@@ -104,3 +106,7 @@ class GuardsConfig(BaseModel):
     stalled: process.StalledThresholds = section(process.StalledThresholds)
     tool_error_surge: episode.ToolErrorSurgeThresholds = section(episode.ToolErrorSurgeThresholds)
     turn_budget: episode.TurnBudgetThresholds = section(episode.TurnBudgetThresholds)
+    proposer_collapse: selfplay.ProposerCollapseThresholds = section(selfplay.ProposerCollapseThresholds)
+    proposal_difficulty: selfplay.ProposalDifficultyThresholds = section(
+        selfplay.ProposalDifficultyThresholds
+    )
