@@ -8,9 +8,10 @@ N_opt ~ C^(beta / (alpha + beta)) and D_opt ~ C^(alpha / (alpha + beta)).
 
 Fit (pure numpy, deterministic): for each (alpha, beta) on a grid the loss is linear in (E, A, B), solved by
 non-negative least squares (every subset of the three terms, batched; the best feasible one); the grid then
-zooms in around the best point, as in scaling.py. Departures from the paper, stated: squared error on the loss
-itself rather than a Huber loss on log-loss (a ladder here has a dozen points and no outliers to resist), and
-bootstrap intervals over points rather than over the paper's initialisations.
+zooms in around the best point (`scaling.zoom_grid_search`, the search of every ladder fit). Departures from
+the paper, stated: squared error on the loss itself rather than a Huber loss on log-loss (a ladder here has a
+dozen points and no outliers to resist), and bootstrap intervals over points rather than over the paper's
+initialisations.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from keelrl.ladder.scaling import zoom_grid_search
 
 
 def chinchilla_loss(
@@ -85,22 +88,17 @@ def fit_chinchilla(
         raise ValueError(f"a Chinchilla fit has 5 parameters and needs at least 5 points, got {len(y)}")
     if len(set(n)) < 2 or len(set(d)) < 2:
         raise ValueError("a Chinchilla fit needs at least two model sizes and two token counts")
-    lo, hi = np.log([0.01, 0.01]), np.log([3.0, 3.0])
-    best = (np.inf, np.zeros(3), 0.0, 0.0)
-    for _ in range(rounds):
-        la, lb = np.meshgrid(np.linspace(lo[0], hi[0], 41), np.linspace(lo[1], hi[1], 41), indexing="ij")
-        alpha, beta = np.exp(la).ravel(), np.exp(lb).ravel()
+
+    def evaluate(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # (ln alpha, ln beta) [G, 2]
+        alpha, beta = np.exp(coords[:, 0]), np.exp(coords[:, 1])
         x = np.stack(
             [np.ones((len(alpha), len(y))), n[None, :] ** -alpha[:, None], d[None, :] ** -beta[:, None]], -1
         )  # [G, P, 3]
         coef, rss = _nnls_rss(x, y)
-        k = int(np.argmin(rss))
-        if rss[k] < best[0]:
-            best = (float(rss[k]), coef[k], float(la.ravel()[k]), float(lb.ravel()[k]))
-        step = (hi - lo) / 40
-        lo = np.array([best[2], best[3]]) - 4 * step
-        hi = np.array([best[2], best[3]]) + 4 * step
-    rss, (e, a, b), la_best, lb_best = best
+        return rss, coef
+
+    lo, hi = np.log([0.01, 0.01]), np.log([3.0, 3.0])
+    rss, (la_best, lb_best), (e, a, b) = zoom_grid_search(evaluate, lo, hi, 41, rounds)
     return ChinchillaFit(
         float(e), float(a), float(np.exp(la_best)), float(b), float(np.exp(lb_best)), rss, len(y)
     )

@@ -9,8 +9,9 @@ saturates at, B the efficiency (how steep), C_mid the compute at which half of t
 Fit (pure numpy, deterministic): points with C <= `warmup` are cut (ScaleRL leaves out the early noisy regime).
 R0 is given (the measured start), not fitted. For fixed (B, C_mid) the least-squares A has a closed form, clipped
 to [R0, ceiling] (a pass rate cannot exceed 1); (log B, log C_mid) are searched on a grid, then on finer grids
-around the best point. Departure from the paper, stated: ScaleRL does not say how it optimises; a grid is slower
-than a gradient method but cannot wander off on the flat directions of a sigmoid seen only on its rising part.
+around the best point (`zoom_grid_search`). Departure from the paper, stated: ScaleRL does not say how it
+optimises; a grid is slower than a gradient method but cannot wander off on the flat directions of a sigmoid
+seen only on its rising part.
 
 Intervals: `bootstrap_fit` resamples the seeds (with replacement) and, optionally, every eval point as a
 binomial draw of its `eval_problems` problems, refits the mean curve each time and reports percentile intervals.
@@ -18,7 +19,7 @@ binomial draw of its `eval_problems` problems, refits the mean curve each time a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,31 @@ def _best_a(s: np.ndarray, y: np.ndarray, r0: float, ceiling: float) -> tuple[np
     return a, rss
 
 
+def zoom_grid_search(
+    evaluate: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    lo: Sequence[float],
+    hi: Sequence[float],
+    points: int,
+    rounds: int,
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """Minimise over a box: a grid of `points` per dimension, then `rounds - 1` finer grids spanning 4 grid
+    steps either side of the best point so far. `evaluate(coords [G, D]) -> (loss [G], payload [G, ...])`
+    (the payload: what the caller solved in closed form at each point). Returns (loss, coords [D], payload)
+    of the best point; ties go to the first in grid order. The one search behind every fit of the ladder."""
+    lo_, hi_ = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    best: tuple[float, np.ndarray, np.ndarray] = (np.inf, lo_, np.empty(0))
+    for _ in range(rounds):
+        axes = [np.linspace(lo_[k], hi_[k], points) for k in range(len(lo_))]
+        coords = np.stack([m.ravel() for m in np.meshgrid(*axes, indexing="ij")], -1)  # [G, D]
+        loss, payload = evaluate(coords)
+        k = int(np.argmin(loss))
+        if loss[k] < best[0]:
+            best = (float(loss[k]), coords[k], payload[k])
+        step = (hi_ - lo_) / (points - 1)
+        lo_, hi_ = best[1] - 4 * step, best[1] + 4 * step
+    return best
+
+
 def fit_sigmoid(
     compute: Sequence[float],
     score: Sequence[float],
@@ -74,24 +100,17 @@ def fit_sigmoid(
     if (c <= 0).any():
         raise ValueError("compute must be positive")
     log_c = np.log(c)
-    # C_mid from 100x below the first point to 1000x beyond the last; B from 0.1 to 10
-    lo = np.array([np.log(0.1), log_c.min() - np.log(100.0)])
-    hi = np.array([np.log(10.0), log_c.max() + np.log(1000.0)])
-    best = (np.inf, 0.0, 0.0, 0.0)
-    for _ in range(rounds):
-        log_b = np.linspace(lo[0], hi[0], 81)
-        log_m = np.linspace(lo[1], hi[1], 81)
-        lb, lm = np.meshgrid(log_b, log_m, indexing="ij")  # [81, 81]
-        s = 1.0 / (1.0 + np.exp(np.exp(lb)[..., None] * (lm[..., None] - log_c)))  # [81, 81, N]
+
+    def evaluate(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # (ln B, ln C_mid) [G, 2]
+        s = 1.0 / (1.0 + np.exp(np.exp(coords[:, :1]) * (coords[:, 1:] - log_c)))  # [G, N]
         a, rss = _best_a(s, y, r0, ceiling)
-        i, j = np.unravel_index(int(np.argmin(rss)), rss.shape)
-        if rss[i, j] < best[0]:
-            best = (float(rss[i, j]), float(a[i, j]), float(lb[i, j]), float(lm[i, j]))
-        step = (hi - lo) / 80
-        lo = np.array([best[2], best[3]]) - 4 * step
-        hi = np.array([best[2], best[3]]) + 4 * step
-    rss_best, a_best, lb_best, lm_best = best
-    return SigmoidFit(r0, a_best, float(np.exp(lb_best)), float(np.exp(lm_best)), rss_best, len(c))
+        return rss, a
+
+    # C_mid from 100x below the first point to 1000x beyond the last; B from 0.1 to 10
+    lo = [np.log(0.1), log_c.min() - np.log(100.0)]
+    hi = [np.log(10.0), log_c.max() + np.log(1000.0)]
+    rss_best, (lb_best, lm_best), a_best = zoom_grid_search(evaluate, lo, hi, 81, rounds)
+    return SigmoidFit(r0, float(a_best), float(np.exp(lb_best)), float(np.exp(lm_best)), rss_best, len(c))
 
 
 def resampled_mean(scores: np.ndarray, rng: np.random.Generator, eval_problems: int) -> np.ndarray:
@@ -192,12 +211,9 @@ def fit_size_sigmoid(
     xv, yv, rv, lc = (np.concatenate(v) for v in (xs, ys, rs, lcs))
     if len(set(x)) < 2 or len(yv) < 6:
         raise ValueError("a size fit needs at least two model sizes and 6 points after the warm-up cuts")
-    lo = np.array([np.log(0.1), lc.min() - np.log(100.0), -1.0])
-    hi = np.array([np.log(10.0), lc.max() + np.log(1000.0), 3.0])
-    best = (np.inf, 0.0, 0.0, 0.0, 0.0, 0.0)
-    for _ in range(rounds):
-        g = [np.linspace(lo[k], hi[k], 25) for k in range(3)]
-        lb, c0, c1 = (v.ravel() for v in np.meshgrid(*g, indexing="ij"))
+
+    def evaluate(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # (ln B, c0, c1) [G, 3]
+        lb, c0, c1 = coords[:, 0], coords[:, 1], coords[:, 2]
         lcm = c0[:, None] + c1[:, None] * xv[None, :]  # ln C_mid of each point's size, [G, P]
         s = 1.0 / (1.0 + np.exp(np.clip(np.exp(lb)[:, None] * (lcm - lc[None, :]), -500, 500)))
         t = yv[None, :] - rv[None, :] * (1.0 - s)  # = a0 s + a1 x s
@@ -209,14 +225,12 @@ def fit_size_sigmoid(
         a1 = (tv * uu - tu * uv) / det
         a = np.clip(a0[:, None] + a1[:, None] * xv[None, :], rv[None, :], ceiling)
         rss = ((rv[None, :] + (a - rv[None, :]) * s - yv[None, :]) ** 2).sum(1)
-        k = int(np.argmin(rss))
-        if rss[k] < best[0]:
-            best = (float(rss[k]), float(a0[k]), float(a1[k]), float(lb[k]), float(c0[k]), float(c1[k]))
-        centre = np.array(best[3:])
-        step = (hi - lo) / 24
-        lo, hi = centre - 4 * step, centre + 4 * step
-    rss, a0_, a1_, lb_, c0_, c1_ = best
-    return SizeFit(a0_, a1_, float(np.exp(lb_)), c0_, c1_, x_ref, rss)
+        return rss, np.stack([a0, a1], -1)
+
+    lo = [np.log(0.1), lc.min() - np.log(100.0), -1.0]
+    hi = [np.log(10.0), lc.max() + np.log(1000.0), 3.0]
+    rss, (lb_, c0_, c1_), (a0_, a1_) = zoom_grid_search(evaluate, lo, hi, 25, rounds)
+    return SizeFit(float(a0_), float(a1_), float(np.exp(lb_)), float(c0_), float(c1_), x_ref, rss)
 
 
 def bootstrap_size_fit(
