@@ -249,21 +249,31 @@ def episode_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
     }
 
 
-def step_times(t0: float, t1: float, t2: float, tc: float, t3: float, tokens: float) -> dict[str, float]:
-    """A step's phase times from its clock readings: start, sampled, scored, refilled, updated."""
-    return {
-        "time/gen_s": t1 - t0,
-        "time/score_s": t2 - t1,
-        "time/refill_s": tc - t2,
-        "time/train_s": t3 - tc,
-        "time/step_s": t3 - t0,
-        "throughput/tokens_per_s": tokens / max(t3 - t0, 1e-9),
-    }
-
-
-def log_rollouts(run: Run, state: TrainState, rollouts: list[Rollout]) -> None:
-    """log.rollouts_per_step of the step's rollouts, evenly spaced, to rollouts.jsonl.gz (rank 0)."""
+def close_step(
+    run: Run, state: TrainState, rollouts: list[Rollout], metrics: dict[str, float], times: tuple[float, ...]
+) -> dict[str, float]:
+    """After the update: the step counts; the asynchronous pipeline gets the new version and the next batch;
+    the problem source's state joins TrainState; the guard, checkpoint and time metrics are added (`times`: the
+    clock at the start, after sampling, scoring, refills and the update); log.rollouts_per_step of the step's
+    rollouts, evenly spaced, go to rollouts.jsonl.gz (rank 0). Shared by the RL and self-play steps."""
+    t0, t1, t2, tc, t3 = times
+    state.step += 1
+    fill_pipeline(run, state)  # asynchronous: push the new version, submit the batch it samples
+    state.curriculum = run.source.state_dict()
+    metrics["guard/skipped_steps"] = float(state.guards.get("skipped_steps", 0))
+    metrics.update(run.ckpt_policy.behind(state.step))  # only once a checkpoint save has failed
+    metrics.update(
+        {
+            "time/gen_s": t1 - t0,
+            "time/score_s": t2 - t1,
+            "time/refill_s": tc - t2,
+            "time/train_s": t3 - tc,
+            "time/step_s": t3 - t0,
+            "throughput/tokens_per_s": metrics["tokens/generated"] / max(t3 - t0, 1e-9),
+        }
+    )
     n = run.cfg.log.rollouts_per_step
     if n and run.world.is_writer:
         stride = max(1, len(rollouts) // n)
         run.run_dir.append_rollouts([r.to_json(state.step) for r in rollouts[::stride][:n]])
+    return metrics

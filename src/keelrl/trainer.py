@@ -25,14 +25,12 @@ from typing import Any
 
 from keelrl import checkpoint as ckpt
 from keelrl.collect import (
+    close_step,
     curriculum_phase,
-    fill_pipeline,
-    log_rollouts,
     next_batch,
     pool_metrics,
     rollout_metrics,
     score_phase,
-    step_times,
 )
 from keelrl.config import Config
 from keelrl.distributed import all_reduce_sum, broadcast_object, close_world
@@ -56,7 +54,7 @@ from keelrl.setup import ResumeMode, setup, shutdown_engines
 from keelrl.sft.step import held_out_loss, sft_step
 from keelrl.state import TrainState
 from keelrl.supervisor import install_heartbeat
-from keelrl.update import advantage_phase, prepare_batch, update_phase
+from keelrl.update import rl_update
 
 __all__ = ["GuardStop", "ResumeError", "setup", "train", "train_step"]
 
@@ -151,21 +149,10 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     tc = time.perf_counter()
     run.heartbeat.beat(phase="update")
     metrics.update(rollout_metrics(run, rollouts))
-    batch, prep = prepare_batch(run, state, rollouts)
-    metrics.update(prep)
-    advantage_metrics, advantage_abs_mean = advantage_phase(run, state, rollouts, batch)
-    metrics.update(advantage_metrics)
-    metrics.update(update_phase(run, state, batch, advantage_abs_mean))
+    metrics.update(rl_update(run, state, rollouts))
     metrics.update(async_metrics)
     t3 = time.perf_counter()
-    state.step += 1
-    fill_pipeline(run, state)  # asynchronous: push the new version, submit the batch it samples
-    state.curriculum = run.source.state_dict()
-    metrics["guard/skipped_steps"] = float(state.guards.get("skipped_steps", 0))
-    metrics.update(run.ckpt_policy.behind(state.step))  # only once a checkpoint save has failed
-    metrics.update(step_times(t0, t1, t2, tc, t3, metrics["tokens/generated"]))
-    log_rollouts(run, state, rollouts)
-    return metrics
+    return close_step(run, state, rollouts, metrics, (t0, t1, t2, tc, t3))
 
 
 # What one step of the loop does, by train.stage

@@ -209,6 +209,17 @@ def prepare_batch(
     return batch, metrics
 
 
+def rl_update(run: Run, state: TrainState, rollouts: list[Rollout]) -> dict[str, float]:
+    """A scored batch's RL update: collate with reference and old log-probs (`prepare_batch`), advantages
+    (`advantage_phase`), the optimizer steps (`update_phase`); their metrics. Shared by the RL and self-play
+    steps."""
+    batch, metrics = prepare_batch(run, state, rollouts)
+    advantage_metrics, advantage_abs_mean = advantage_phase(run, state, rollouts, batch)
+    metrics.update(advantage_metrics)
+    metrics.update(update_phase(run, state, batch, advantage_abs_mean))
+    return metrics
+
+
 def update_phase(
     run: Run, state: TrainState, batch: TrainBatch, advantage_abs_mean: float
 ) -> dict[str, float]:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from keelrl.algo.selfplay import learnability_reward
-from keelrl.collect import log_rollouts, rollout_metrics, step_times
+from keelrl.collect import close_step, rollout_metrics
 from keelrl.rollout import Rollout
 from keelrl.rollout.episodes import Episode, Prompter, generate, score
 from keelrl.rollout.prompts import render_prompt
@@ -36,7 +37,7 @@ from keelrl.selfplay.countdown import check_proposal, problem_key, proposer_prom
 from keelrl.selfplay.source import SelfPlaySource
 from keelrl.state import TrainState
 from keelrl.tasks.base import Prompt
-from keelrl.update import advantage_phase, prepare_batch, update_phase
+from keelrl.update import rl_update
 
 
 class ProposerPrompter:
@@ -56,13 +57,18 @@ class ProposerPrompter:
         return render_prompt(self.tokenizer, Prompt("", user, start), template), start
 
 
+def _seeds(run: Run, state: TrainState) -> Callable[..., int]:
+    """This step's seeds: a function of (train.seed, step, rollbacks) and what is drawn, as the RL step's."""
+    return functools.partial(
+        stable_hash, "selfplay", run.cfg.train.seed, state.step, state.guards.get("rollbacks", 0)
+    )
+
+
 def propose(run: Run, state: TrainState, source: SelfPlaySource) -> tuple[list[Rollout], list[str]]:
     """Sample and check this step's proposals; valid new ones enter the buffer. Returns the proposer
     rollouts (reward 0 so far) and the new problems' keys, in order."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
-    seed = functools.partial(
-        stable_hash, "selfplay", cfg.train.seed, state.step, state.guards.get("rollbacks", 0)
-    )
+    seed = _seeds(run, state)
     p = run.task.params
     firsts = [
         p.min_number + seed("first", g) % (p.max_number - p.min_number + 1)
@@ -93,9 +99,7 @@ def solve(
     """The solver's rollouts on this step's problems (new proposals first, then the buffer's), scored;
     each problem's solve rate (recorded in the buffer too), and how many checkers raised."""
     cfg, G, n = run.cfg, run.cfg.rollout.group_size, run.cfg.prompts_per_step
-    seed = functools.partial(
-        stable_hash, "selfplay", cfg.train.seed, state.step, state.guards.get("rollbacks", 0)
-    )
+    seed = _seeds(run, state)
     problems = [dict(source.buffer.entries[k].problem) for k in new_keys[:n]]
     taken = set(new_keys[:n])
     for _, problem in source.next_problems(n):
@@ -171,16 +175,6 @@ def selfplay_step(run: Run, state: TrainState) -> dict[str, float]:
     metrics["tokens/generated"] = float(sum(len(r.completion_ids) for r in rollouts))
     metrics["reward/errors"] = float(errors)
     metrics.update(selfplay_metrics(proposals, rates, len(source.buffer.entries)))
-    batch, prep = prepare_batch(run, state, rollouts)
-    metrics.update(prep)
-    advantage_metrics, advantage_abs_mean = advantage_phase(run, state, rollouts, batch)
-    metrics.update(advantage_metrics)
-    metrics.update(update_phase(run, state, batch, advantage_abs_mean))
+    metrics.update(rl_update(run, state, rollouts))
     t3 = time.perf_counter()
-    state.step += 1
-    state.curriculum = source.state_dict()
-    metrics["guard/skipped_steps"] = float(state.guards.get("skipped_steps", 0))
-    metrics.update(run.ckpt_policy.behind(state.step))
-    metrics.update(step_times(t0, t1, t1, t1, t3, metrics["tokens/generated"]))
-    log_rollouts(run, state, rollouts)
-    return metrics
+    return close_step(run, state, rollouts, metrics, (t0, t1, t1, t1, t3))
