@@ -105,6 +105,19 @@ class PretrainResult:
     seconds: float
 
 
+def pad_lines(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each text + EOS as one row, right-padded with EOS: (ids [B, T], labels [B, T]: the ids, and -100 on
+    the padding, which the loss skips). Pretraining's batches and its held-out loss (ladder/pretrain_run.py)."""
+    eos = tokenizer.eos_token_id
+    seqs = [tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts]
+    ids = torch.full((len(seqs), max(map(len, seqs))), eos, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    for i, seq in enumerate(seqs):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, : len(seq)] = torch.tensor(seq)
+    return ids, labels
+
+
 def pretrain(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -124,28 +137,18 @@ def pretrain(
         opt,
         lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps)))),
     )
-    eos = tokenizer.eos_token_id
     t0 = time.perf_counter()
     tokens = 0
     loss_value = float("nan")
     for step in range(steps):
-        seqs = [
-            tokenizer(make_text(step * batch_size + i), add_special_tokens=False)["input_ids"] + [eos]
-            for i in range(batch_size)
-        ]
-        T = max(len(s) for s in seqs)
-        ids = torch.full((batch_size, T), eos, dtype=torch.long)
-        labels = torch.full((batch_size, T), -100, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
-            labels[i, : len(s)] = torch.tensor(s)
+        ids, labels = pad_lines(tokenizer, [make_text(step * batch_size + i) for i in range(batch_size)])
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        tokens += sum(len(s) for s in seqs)
+        tokens += int((labels != -100).sum())
         loss_value = loss.item()
         if on_step is not None:
             on_step(step + 1, loss_value)

@@ -18,7 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from keelrl.config import Config, ConfigError, load_config
-from keelrl.demo import corpus_text, pretrain
+from keelrl.demo import corpus_text, pad_lines, pretrain
 from keelrl.monitor.run_dir import atomic_write_text
 from keelrl.tasks import TaskError, get_task
 from keelrl.tasks.countdown import Countdown
@@ -36,20 +36,12 @@ def build_base(cfg: Config, seed: int) -> tuple[PreTrainedModel, PreTrainedToken
 @torch.no_grad()
 def heldout_loss(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> float:
     """Mean next-token loss (nats per token, EOS included) over `texts`, as pretraining's loss counts it."""
-    eos = tokenizer.eos_token_id
     total, count = 0.0, 0
     for start in range(0, len(texts), 64):
-        seqs = [
-            tokenizer(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts[start : start + 64]
-        ]
-        width = max(map(len, seqs))
-        ids = torch.full((len(seqs), width), eos, dtype=torch.long)
-        lengths = torch.tensor([len(s) for s in seqs])
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
+        ids, labels = pad_lines(tokenizer, texts[start : start + 64])
         logp = torch.log_softmax(model(input_ids=ids).logits[:, :-1].float(), -1)
         nll = -logp.gather(-1, ids[:, 1:, None])[..., 0]
-        mask = torch.arange(width - 1)[None, :] < (lengths - 1)[:, None]  # targets 1..len-1 of each line
+        mask = labels[:, 1:] != -100  # targets 1..len-1 of each line
         total += float(nll[mask].sum())
         count += int(mask.sum())
     return total / count

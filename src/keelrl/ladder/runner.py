@@ -26,6 +26,7 @@ from keelrl.config import Config, ConfigError, config_to_dict, load_config
 from keelrl.ladder import analysis
 from keelrl.ladder.config import LadderConfig
 from keelrl.ladder.kinds import KINDS, Kind, LadderError, rl_flops_per_token_param
+from keelrl.ladder.page import write_page
 from keelrl.ladder.plan import LadderRun, parse_axis, plan_runs
 from keelrl.monitor.run_dir import atomic_write_text
 
@@ -146,8 +147,6 @@ def run_ladder(
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """The whole ladder (see the module docstring); returns what it writes to OUT/ladder.json."""
-    from keelrl.ladder.page import write_page
-
     overrides = list(overrides)
     cfg = load_config(config, overrides)
     lad = _ladder_section(cfg.ladder, axes, seeds, target, jobs)
@@ -196,7 +195,7 @@ def run_ladder(
                 else result["chinchilla"]["prediction"]
             )
             result["prediction"]["made_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        _write(out, result, write_page)
+        _write(out, result)
         say(
             f"prediction (made {result['prediction']['made_at']}) is in {out / 'ladder.json'}; now the target runs"
         )
@@ -213,7 +212,7 @@ def run_ladder(
         "wall_seconds_sum": sum(r["wall_seconds"] for r in result["runs"]),
         "gpu_seconds": sum(r.get("gpu_seconds", 0.0) for r in result["runs"]),
     }
-    _write(out, result, write_page)
+    _write(out, result)
     return result
 
 
@@ -250,7 +249,7 @@ def _rl_predict(
     )
 
 
-def _write(out: Path, result: dict[str, Any], write_page: Callable[[dict[str, Any], Path], Path]) -> None:
+def _write(out: Path, result: dict[str, Any]) -> None:
     atomic_write_text(out / "ladder.json", json.dumps(result, indent=2) + "\n")
     write_page(result, out / "ladder.html")
 
@@ -273,8 +272,6 @@ def add_ladder_options(p: Any) -> None:
 
 
 def cmd_ladder(args: Any) -> int:
-    from keelrl.ladder.page import write_page
-
     out = Path(args.out or f"runs/ladder_{Path(args.config).stem if args.config else 'defaults'}")
     if args.page:
         if not (out / "ladder.json").is_file():
