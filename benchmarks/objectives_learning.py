@@ -1,7 +1,9 @@
 """Do the objectives learn? The demo's RL stage (Countdown, tiny model pretrained by `keelrl demo`'s recipe) with
-each `algo.objective` (or an asynchronous variant: `async_k*`, rollout.max_staleness), per seed: held-out accuracy (greedy, 500 problems) of the base and of the final model,
-the paired change with its 95% interval, and the first RL step whose held-out eval (200 problems, every 20
-steps) is 20 points above the step-0 eval. Prints JSON (and writes it to --json).
+each `algo.objective` (or an asynchronous variant: `async_k*`, rollout.max_staleness; or `selfplay`, where the
+policy proposes its own problems and sees no training set), per seed: held-out accuracy (greedy, 500 problems) of
+the base and of the final model, also per operation, the paired change with its 95% interval, and the first RL
+step whose held-out eval (200 problems, every 20 steps) is 20 points above the step-0 eval. Prints JSON (and
+writes it to --json).
 
 Each seed pretrains its own base once (as `keelrl demo --seed N` does) and every objective starts from it.
 `--minibatches` (default 2) splits each RL step's batch into that many optimizer steps: only then do tokens get
@@ -12,6 +14,8 @@ the guards stop is recorded as stopped, with its evals so far.
     python benchmarks/objectives_learning.py --seeds 0 1 2 --out /tmp/objectives --json docs/objectives_learning.json
     python benchmarks/objectives_learning.py --objectives ppo_clip async_k1 async_k2 --minibatches 1 --lr 3e-4 \
         --out /tmp/asyncl --json docs/async_learning.json   # the demo's RL stage as it is, k = 0, 1, 2
+    python benchmarks/objectives_learning.py --objectives ppo_clip selfplay --minibatches 1 --lr 3e-4 \
+        --out /tmp/asyncl --json docs/selfplay_learning.json   # self-play against RL on the task's training set
 """
 
 from __future__ import annotations
@@ -39,7 +43,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # ... and at a large k with the correction on and off: what goes wrong, and do the guards name it?
     "async_k8": {"objective": "ppo_clip", "rollout": {"max_staleness": 8}},
     "async_k8_off": {"objective": "ppo_clip", "correction": "off", "rollout": {"max_staleness": 8}},
+    # self-play (issue 29): no training problems; the policy proposes them (train.stage = "selfplay"), the
+    # demo's RL settings otherwise. 2 proposer prompts x 8 = 16 proposals fill at most the solver's 16 slots.
+    "selfplay": {
+        "objective": "ppo_clip",
+        "train": {"stage": "selfplay"},
+        "selfplay": {"proposer_prompts": 2},
+    },
+    # ... proposing worked lines, the target computed from the proposer's solution (selfplay.proposal)
+    "selfplay_worked": {
+        "objective": "ppo_clip",
+        "train": {"stage": "selfplay"},
+        "selfplay": {"proposer_prompts": 2, "proposal": "worked", "proposer_max_new_tokens": 40},
+    },
 }
+SECTIONS = ("rollout", "train", "selfplay")  # a variant's keys naming a config section; the rest are [algo]
 
 
 def base_model(out: Path, seed: int) -> Path:
@@ -81,6 +99,22 @@ def evaluate(model_path: Path, seed: int) -> Any:
     return _evaluate(make_console(stderr=True), str(model_path), task, "compact", max_new, seed)
 
 
+def by_operation(report: Any) -> dict[str, list[float]]:
+    """Accuracy per operation that reaches the target (the demo's problems have two numbers): {op: [accuracy,
+    problems]}; "*/" when both do (a target reached by two operations counts under both symbols)."""
+    from fractions import Fraction
+
+    tally: dict[str, list[int]] = {}
+    for record in report.records:
+        a, b = sorted(record.problem["numbers"], reverse=True)
+        values = {"+": a + b, "-": a - b, "*": a * b, "/": Fraction(a, b)}
+        op = "".join(k for k, v in values.items() if v == record.problem["target"]) or "?"
+        counts = tally.setdefault(op, [0, 0])
+        counts[0] += sum(record.correct) / len(record.correct)
+        counts[1] += 1
+    return {op: [round(c / n, 3), n] for op, (c, n) in sorted(tally.items())}
+
+
 def one_run(
     out: Path, base: Path, base_report: Any, seed: int, objective: str, minibatches: int, lr: float
 ) -> dict[str, Any]:
@@ -93,7 +127,8 @@ def one_run(
     plan = DemoPlan.for_minutes(12.0)
     rl = demo_rl_config(str(base), DEMO_TASK_PARAMS, plan.rl_steps, plan.eval_every, seed)
     variant = dict(VARIANTS[objective])
-    rl["rollout"].update(variant.pop("rollout", {}))
+    for section in SECTIONS:
+        rl.setdefault(section, {}).update(variant.pop(section, {}))
     rl["algo"].update(**variant, minibatches=minibatches, lr=lr)
     rl["log"]["progress"] = False
     run_dir = out / f"seed{seed}" / objective
@@ -117,6 +152,7 @@ def one_run(
             change=diff["diff"],
             change_ci95=diff["ci"],
             verdict=diff["verdict"],
+            final_by_operation=by_operation(final),
         )
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     findings = [e for e in events if e["kind"] in ("guard", "skip", "rollback", "guard_stop")]
@@ -140,16 +176,23 @@ def main() -> None:
     ap.add_argument("--minibatches", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1.5e-4)
     ap.add_argument("--out", default="/tmp/objectives")
+    ap.add_argument(
+        "--base",
+        default="",
+        help="start every seed from this model (default: each seed pretrains its own base)",
+    )
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
     results: list[dict[str, Any]] = []
     bases: dict[int, float] = {}
+    bases_by_op: dict[int, dict[str, list[float]]] = {}
     for seed in args.seeds:
-        base = base_model(out, seed)
+        base = Path(args.base) if args.base else base_model(out, seed)
         base_report = evaluate(base, seed)
         bases[seed] = base_report.summary()["metrics"]["accuracy"]["value"]
+        bases_by_op[seed] = by_operation(base_report)
         for objective in args.objectives:
             results.append(one_run(out, base, base_report, seed, objective, args.minibatches, args.lr))
             print(json.dumps(results[-1]), flush=True)
@@ -161,6 +204,7 @@ def main() -> None:
         "minibatches": args.minibatches,
         "lr": args.lr,
         "base_accuracy": bases,
+        "base_by_operation": bases_by_op,
         "runs": results,
     }
     text = json.dumps(doc, indent=2)

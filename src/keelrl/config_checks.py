@@ -123,9 +123,11 @@ def check_selfplay(cfg: Config) -> None:
     batch for every proposal a step can make (so each new one is solved, and paid, in its step)."""
     if cfg.train.stage != "selfplay":
         return
-    if cfg.task.name != "countdown":
+    from keelrl.selfplay.proposers import PROPOSERS
+
+    if cfg.task.name not in PROPOSERS:
         raise ValueError(
-            f"train.stage = 'selfplay' needs a task whose proposals keelrl can check; countdown has one, "
+            f"train.stage = 'selfplay' needs a task whose proposals keelrl can check ({', '.join(PROPOSERS)}); "
             f"task.name = {cfg.task.name!r} has none yet"
         )
     unsupported = {

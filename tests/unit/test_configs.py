@@ -29,6 +29,17 @@ def test_countdown_tiny_is_the_demo_rl_stage() -> None:
     assert shipped == expected
 
 
+def test_selfplay_countdown_is_the_demo_rl_stage_with_self_play() -> None:
+    configs = Path(__file__).parents[2] / "configs"
+    selfplay = load_config(configs / "selfplay_countdown.toml").model_dump()
+    rl = load_config(configs / "countdown_tiny.toml").model_dump()
+    assert (selfplay["train"].pop("stage"), rl["train"].pop("stage")) == ("selfplay", "rl")
+    assert (selfplay["algo"].pop("lr"), rl["algo"].pop("lr")) == (1.5e-4, 3e-4)
+    assert selfplay.pop("selfplay")["proposer_prompts"] == 2
+    rl.pop("selfplay")
+    assert selfplay == rl
+
+
 def test_smollm2_config_is_the_demo_smollm2_rl_stage() -> None:
     shipped = load_config(Path(__file__).parents[2] / "configs" / "smollm2.toml").model_dump()
     demo = smollm2_rl_config(SMOLLM2_TASK_PARAMS, minutes=30, seed=0)

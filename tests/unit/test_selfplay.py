@@ -1,5 +1,6 @@
-"""Self-play's pieces (issue 29, in progress): the learnability reward on worked numbers, Countdown proposal
-checks (malformed, out of range, held out, unsolvable), buffer deduplication and its JSON state."""
+"""Self-play's pieces (issue 29): the learnability reward on worked numbers, Countdown proposal checks
+(malformed, out of range, held out, unsolvable; worked lines), code proposal checks in the sandbox, buffer
+deduplication and its JSON state."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 
 from keelrl.algo.selfplay import learnability_reward, solve_rate
 from keelrl.selfplay.buffer import ProblemBuffer
+from keelrl.selfplay.code import SEED_EXAMPLE, check_code_proposal, code_problem_key, example_text
 from keelrl.selfplay.countdown import check_proposal, parse_proposal, problem_key
+from keelrl.tasks import get_task
 from keelrl.tasks.base import in_test_split
 from keelrl.tasks.countdown import Countdown
 
@@ -79,6 +82,28 @@ def test_unsolvable_and_held_out_proposals_are_refused() -> None:
     assert parse_proposal("7 5 -> 12") == {"numbers": [7, 5], "target": 12}
 
 
+def test_worked_proposals_take_the_target_from_their_solution() -> None:
+    numbers, target = _train_pair("none")  # the written target is unreachable: a worked line ignores it
+    a, b = numbers
+    worked = check_proposal(TASK, f"{a} {b} -> {target}\n<answer>{a}*{b}</answer>", "worked")
+    assert worked.reason == "valid" and worked.problem == {"numbers": numbers, "target": a * b}
+    assert worked.key == problem_key({"numbers": numbers, "target": a * b})
+    assert check_proposal(TASK, f"{a} {b} -> {target}\n<answer>{a}*{b}</answer>").reason == "unsolvable"
+    refusals = {
+        f"{a} {b} -> {target}": "no_solution",
+        f"{a} {b} -> {target}\n<answer>{a}*{a}</answer>": "invalid_solution",  # not the listed numbers
+        f"{a} {b} -> {target}\n<answer>{a}*{b}+1</answer>": "invalid_solution",  # a number not listed
+        f"{a} {b} -> 1\n<answer>{a}-{a + b - a}-{b}</answer>": "invalid_solution",
+        f"{a} {b} -> 1\n<answer>{b}-{a}</answer>": "target_out_of_range",  # negative
+        f"{a} {b} -> 1\n<answer>{a}/{b}</answer>": "target_out_of_range" if a % b else "valid",
+        f"{a} {b} <answer>{a}+{b}</answer>": "malformed",
+    }
+    for text, reason in refusals.items():
+        assert check_proposal(TASK, text, "worked").reason == reason, text
+    with pytest.raises(ValueError, match="unknown proposal form"):
+        check_proposal(TASK, "7 5 -> 12", "guess")
+
+
 def test_buffer_deduplicates_records_difficulty_and_round_trips() -> None:
     buf = ProblemBuffer(capacity=2)
     assert buf.add("2,7->9", {"numbers": [7, 2], "target": 9}, step=1)
@@ -94,3 +119,58 @@ def test_buffer_deduplicates_records_difficulty_and_round_trips() -> None:
     assert again == buf
     assert buf.add("1,5->6", {"numbers": [1, 5], "target": 6}, step=3)  # past capacity the oldest leaves
     assert list(buf.entries) == ["3,4->12", "1,5->6"]
+
+
+CODE = (
+    "<spec>Return the largest of three numbers.</spec>\n```python\ndef largest(a, b, c):\n    return max(a, b, c)\n"
+    "```\n<tests>\nassert largest(1, 5, 3) == 5\nassert largest(-1, -5, -3) == -1\n</tests>"
+)
+
+
+def test_code_proposals_are_checked_by_running_the_reference_twice() -> None:
+    task = get_task("code")
+    valid = check_code_proposal(task, CODE)
+    assert valid.reason == "valid" and valid.problem is not None
+    problem = valid.problem
+    assert problem["entry_point"] == "largest" and problem["tests"][0] == {"args": "1, 5, 3", "expected": 5}
+    assert problem["prompt"].endswith("`largest(a, b, c)`.") and "assert" not in problem["prompt"]
+    assert task.score(problem, "```python\ndef largest(a, b, c):\n    return max(a, b, c)\n```").correct
+    assert not task.score(problem, "```python\ndef largest(a, b, c):\n    return a\n```").correct
+    # the key ignores the wording and the order of the tests; the example text reads back as the same problem
+    swapped = CODE.replace("three numbers", "3 numbers").replace(
+        "assert largest(1, 5, 3) == 5\nassert largest(-1, -5, -3) == -1",
+        "assert largest(-1, -5, -3) == -1\nassert largest(1, 5, 3) == 5",
+    )
+    assert check_code_proposal(task, swapped).key == valid.key == code_problem_key(problem)
+    assert check_code_proposal(task, example_text(problem)).key == valid.key
+    # a written value the reference does not return: refused, unless the form takes values from the reference
+    wrong = CODE.replace("== 5", "== 6")
+    assert check_code_proposal(task, wrong).reason == "invalid_solution"
+    worked = check_code_proposal(task, wrong, "worked")
+    assert worked.reason == "valid" and worked.problem is not None
+    assert worked.problem["tests"][0]["expected"] == 5
+    assert check_code_proposal(task, SEED_EXAMPLE).reason == "valid"
+    held = task.splits["test"][0]["entry_point"]
+    refusals = {
+        CODE.replace("<spec>Return the largest of three numbers.</spec>", ""): "malformed",
+        CODE.replace("\nassert largest(-1, -5, -3) == -1", ""): "malformed",  # one test
+        CODE.replace(
+            "assert largest(-1, -5, -3) == -1", "assert max(1, 2) == 2"
+        ): "malformed",  # two functions
+        CODE.replace("assert largest(-1, -5, -3) == -1", "largest(1, 2, 3)"): "malformed",
+        CODE.replace("assert largest(-1, -5, -3) == -1", "assert largest(1, 2, 3) > 0"): "malformed",
+        CODE.replace("```python", "").replace("```", ""): "no_solution",
+        CODE.replace("def largest", "def biggest"): "invalid_solution",  # the tests call what is not defined
+        CODE.replace("return max(a, b, c)", "return max(a, b, c"): "invalid_solution",  # syntax error
+        CODE.replace("return max(a, b, c)", "raise ValueError(a)"): "invalid_solution",
+        CODE.replace("return max(a, b, c)", "import random\n    return random.random()").replace(
+            "== 5", "== 0.5"
+        ): "nondeterministic",  # judged before its values are
+        CODE.replace("largest", held): "held_out",
+    }
+    for text, reason in refusals.items():
+        assert check_code_proposal(task, text).reason == reason, text
+    random_ref = CODE.replace("return max(a, b, c)", "import random\n    return random.random()")
+    assert check_code_proposal(task, random_ref, "worked").reason == "nondeterministic"
+    with pytest.raises(ValueError, match="unknown proposal form"):
+        check_code_proposal(task, CODE, "guess")

@@ -1,10 +1,12 @@
 """`train.stage = "selfplay"`: one step of propose-then-solve with one policy in both roles (Absolute Zero,
-arXiv 2505.03335), on a task with a proposal checker (Countdown).
+arXiv 2505.03335), on a task with a proposer (`proposers.PROPOSERS`: Countdown, code).
 
-1. Propose: `selfplay.proposer_prompts` prompts, each sampled rollout.group_size times. A prompt is the start
-   of a problem line, a first number drawn from the task's range (a chat template adds the instruction).
-2. Check: the task's rules (`check_proposal`: well-formed, in range, not a held-out number set, solvable).
-   Valid problems enter the buffer, deduplicated.
+1. Propose: `selfplay.proposer_prompts` prompts, each sampled rollout.group_size times. A prompt varies by its
+   cue, drawn per prompt (Countdown: the first number of the problem line; code: an example problem from the
+   buffer).
+2. Check: the task's rules (the proposer's `check`; Countdown: well-formed, in range, not a held-out number
+   set, solvable; code: the reference passes its tests in the sandbox, twice alike). Valid problems enter the
+   buffer, deduplicated by the proposer's key.
 3. Solve: prompts_per_step problems, this step's new proposals first, then the buffer's (in order), each
    sampled group_size times and scored by the task's checker, as RL scores its problems.
 4. Pay: the solver by correctness (the task's reward); a new valid proposal by its learnability,
@@ -14,12 +16,13 @@ arXiv 2505.03335), on a task with a proposal checker (Countdown).
 
 The buffer is the run's problem source (`source.py`): it is saved and resumed with the step's state. Seeds
 derive from (train.seed, step, rollbacks), so a resumed run proposes and solves what it would have.
-Metrics: `selfplay/*` (valid, new and duplicate shares, refusal reasons, proposer reward, learnable share,
-the new problems' solve rate, buffer size); `accuracy` and `reward/mean` are the solver's.
+Metrics: `selfplay/*` (valid, new and duplicate shares, distinct share of the valid ones, refusal reasons,
+proposer reward, learnable share, the new problems' solve rate, buffer size); `accuracy` and `reward/mean` are the solver's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections import Counter
@@ -33,7 +36,7 @@ from keelrl.rollout.episodes import Episode, Prompter, generate, score
 from keelrl.rollout.prompts import render_prompt
 from keelrl.run import Run
 from keelrl.seeds import stable_hash
-from keelrl.selfplay.countdown import check_proposal, problem_key, proposer_prompt
+from keelrl.selfplay.proposers import PROPOSERS
 from keelrl.selfplay.source import SelfPlaySource
 from keelrl.state import TrainState
 from keelrl.tasks.base import Prompt
@@ -41,8 +44,8 @@ from keelrl.update import rl_update
 
 
 class ProposerPrompter:
-    """Proposer prompts as token ids; the line's start is returned as the assistant prefix, so a rollout's
-    prefix + text is the whole proposed line."""
+    """Proposer prompts as token ids; the proposal's start is returned as the assistant prefix, so a rollout's
+    prefix + text is the whole proposal."""
 
     chat = None  # single-turn
 
@@ -50,10 +53,13 @@ class ProposerPrompter:
         self.run, self.tokenizer = run, run.tokenizer
 
     def __call__(self, index: int, problem: dict[str, Any]) -> tuple[list[int], str]:
-        template = self.run.prompter.template
-        user, start = proposer_prompt(self.run.task, int(problem["first"]), template)
-        if template == "compact":  # the bare start of a corpus line, no newline before it
-            return self.tokenizer(start, add_special_tokens=False)["input_ids"], start
+        template, run = self.run.prompter.template, self.run
+        user, start = PROPOSERS[run.task.name].prompt(run.task, problem, template, run.cfg.selfplay.proposal)
+        if (
+            template == "compact"
+        ):  # the user text (if any) on its line, then the start (Countdown: a corpus line's)
+            text = f"{user}\n{start}" if user else start
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"], start
         return render_prompt(self.tokenizer, Prompt("", user, start), template), start
 
 
@@ -67,22 +73,22 @@ def _seeds(run: Run, state: TrainState) -> Callable[..., int]:
 def propose(run: Run, state: TrainState, source: SelfPlaySource) -> tuple[list[Rollout], list[str]]:
     """Sample and check this step's proposals; valid new ones enter the buffer. Returns the proposer
     rollouts (reward 0 so far) and the new problems' keys, in order."""
-    cfg, G = run.cfg, run.cfg.rollout.group_size
+    cfg, G, proposer = run.cfg, run.cfg.rollout.group_size, PROPOSERS[run.task.name]
     seed = _seeds(run, state)
-    p = run.task.params
-    firsts = [
-        p.min_number + seed("first", g) % (p.max_number - p.min_number + 1)
-        for g in range(cfg.selfplay.proposer_prompts)
+    cues = [
+        proposer.cue(run.task, seed("cue", g), source.buffer) for g in range(cfg.selfplay.proposer_prompts)
     ]
     episodes = [
-        Episode(g, {"role": "propose", "first": first}, g, seed("propose", g * G + k))
-        for g, first in enumerate(firsts)
+        Episode(g, {"role": "propose", **cue}, g, seed("propose", g * G + k))
+        for g, cue in enumerate(cues)
         for k in range(G)
     ]
-    rollouts = generate(run.sampler, ProposerPrompter(run), episodes, run.settings)
+    budget = cfg.selfplay.proposer_max_new_tokens or run.settings.max_new_tokens
+    settings = dataclasses.replace(run.settings, max_new_tokens=budget)
+    rollouts = generate(run.sampler, ProposerPrompter(run), episodes, settings)
     new_keys = []
     for r in rollouts:
-        checked = check_proposal(run.task, r.prefix + r.text)
+        checked = proposer.check(run.task, r.prefix + r.text, cfg.selfplay.proposal)
         new = checked.problem is not None and source.buffer.add(checked.key, checked.problem, state.step + 1)
         reason = "duplicate" if checked.problem is not None and not new else checked.reason
         r.reward, r.correct = 0.0, False
@@ -99,7 +105,7 @@ def solve(
     """The solver's rollouts on this step's problems (new proposals first, then the buffer's), scored;
     each problem's solve rate (recorded in the buffer too), and how many checkers raised."""
     cfg, G, n = run.cfg, run.cfg.rollout.group_size, run.cfg.prompts_per_step
-    seed = _seeds(run, state)
+    seed, problem_key = _seeds(run, state), PROPOSERS[run.task.name].key
     problems = [dict(source.buffer.entries[k].problem) for k in new_keys[:n]]
     taken = set(new_keys[:n])
     for _, problem in source.next_problems(n):
@@ -129,11 +135,14 @@ def solve(
     return rollouts, rates, len(errors)
 
 
-def selfplay_metrics(proposals: list[Rollout], rates: dict[str, float], buffer_size: int) -> dict[str, float]:
+def selfplay_metrics(
+    proposals: list[Rollout], rates: dict[str, float], buffer_size: int, refusals: tuple[str, ...]
+) -> dict[str, float]:
     n = len(proposals)
     reasons = Counter(r.info["reason"] for r in proposals)
     new = [r for r in proposals if r.info["new"]]
     new_rates = [rates[r.info["key"]] for r in new if r.info["key"] in rates]
+    valid_keys = [r.info["key"] for r in proposals if r.info["key"]]
     out = {
         "selfplay/valid_frac": (reasons["valid"] + reasons["duplicate"]) / n,
         "selfplay/new_frac": len(new) / n,
@@ -142,16 +151,11 @@ def selfplay_metrics(proposals: list[Rollout], rates: dict[str, float], buffer_s
         "selfplay/learnable_frac": sum(0.0 < s < 1.0 for s in new_rates) / n,
         "selfplay/buffer_size": float(buffer_size),
     }
+    if valid_keys:  # diversity: different problems among this step's valid proposals (1: all differ)
+        out["selfplay/distinct_frac"] = len(set(valid_keys)) / len(valid_keys)
     if new_rates:
         out["selfplay/new_solve_rate"] = sum(new_rates) / len(new_rates)
-    for reason in (
-        "malformed",
-        "unsolvable",
-        "held_out",
-        "count_out_of_range",
-        "number_out_of_range",
-        "target_out_of_range",
-    ):
+    for reason in refusals:
         out[f"selfplay/refused/{reason}"] = reasons[reason] / n
     return out
 
@@ -174,7 +178,8 @@ def selfplay_step(run: Run, state: TrainState) -> dict[str, float]:
     metrics = rollout_metrics(run, solutions) if solutions else {}
     metrics["tokens/generated"] = float(sum(len(r.completion_ids) for r in rollouts))
     metrics["reward/errors"] = float(errors)
-    metrics.update(selfplay_metrics(proposals, rates, len(source.buffer.entries)))
+    refusals = PROPOSERS[run.task.name].reasons
+    metrics.update(selfplay_metrics(proposals, rates, len(source.buffer.entries), refusals))
     metrics.update(rl_update(run, state, rollouts))
     t3 = time.perf_counter()
     return close_step(run, state, rollouts, metrics, (t0, t1, t1, t1, t3))
