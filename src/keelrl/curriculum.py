@@ -300,9 +300,11 @@ class AdaptiveSource:
             k, n = sum(o.correct), len(o.correct)
             self.stats[bucket][0] += k
             self.stats[bucket][1] += n - k
-            acc = seen.setdefault(bucket, [0, 0])
+            acc = seen.setdefault(bucket, [0, 0, 0, 0])  # correct, samples, groups, groups without signal
             acc[0] += k
             acc[1] += n
+            acc[2] += 1
+            acc[3] += not o.informative
             if self.cfg.skip_after:
                 self._remember(problem_key(o.problem), k, n)
         self._last = self._metrics(seen)
@@ -330,6 +332,7 @@ class AdaptiveSource:
             out[f"curriculum/prompts/{b}"] = float(self._step.drawn.get(b, 0))
             if b in seen and seen[b][1]:
                 out[f"curriculum/accuracy/{b}"] = seen[b][0] / seen[b][1]
+                out[f"curriculum/no_signal/{b}"] = seen[b][3] / seen[b][2]
         out["curriculum/skipped_prompts"] = float(self._step.skipped)
         if self.cfg.skip_after:
             out["curriculum/tracked_problems"] = float(len(self.problems))

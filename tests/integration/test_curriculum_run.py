@@ -131,12 +131,19 @@ def test_report_shows_the_curriculum(runs: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.slow
-def test_benchmark_quick_mode_writes_the_promised_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "family,buckets", [("countdown", ["n2", "n3", "n4"]), ("multiply", ["1x1", "2x1", "3x1"])]
+)
+def test_benchmark_quick_mode_writes_the_promised_json(
+    family: str, buckets: list[str], tmp_path: Path
+) -> None:
     """benchmarks/curriculum.py --quick end to end (pretrains a small base itself): minutes."""
     out = tmp_path / "bench.json"
     cmd = [
         sys.executable,
         "benchmarks/curriculum.py",
+        "--family",
+        family,
         "--quick",
         "--work",
         str(tmp_path / "work"),
@@ -147,14 +154,17 @@ def test_benchmark_quick_mode_writes_the_promised_json(tmp_path: Path) -> None:
     ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
     report = json.loads(out.read_text())
-    for key in ("steps_to_target", "hardest_bucket_accuracy"):
+    assert report["setup"]["buckets"] == buckets and report["setup"]["hardest_bucket"] == buckets[-1]
+    for key in ("steps_to_target", "steps_to_hardest_bucket_target", "hardest_bucket_accuracy"):
         assert set(report[key]) == {"curriculum", "uniform", "fixed_hard"}
         for arm in report[key].values():
             assert len(arm["per_seed"]) == 1 and "mean" in arm
     assert report["base_model"]["pretrained_by"].startswith("benchmarks/curriculum.py")
     assert isinstance(report["target_met"], bool) and report["verdict"]
-    assert report["runs"]["fixed_hard"][0]["prompts_per_bucket"] == {
-        "n2": 0.0,
-        "n3": 0.0,
-        "n4": 6.0 * report["setup"]["rl"]["rollout"]["batch_size"] / 8,  # 6 steps, every prompt from n4
-    }
+    hard_only = report["runs"]["fixed_hard"][0]
+    prompts = (
+        6.0 * report["setup"]["rl"]["rollout"]["batch_size"] / 8
+    )  # 6 steps, every prompt from the hardest
+    assert hard_only["prompts_per_bucket"] == {**dict.fromkeys(buckets[:-1], 0.0), buckets[-1]: prompts}
+    assert hard_only["no_signal_per_bucket"][buckets[0]] is None  # never drawn
+    assert 0.0 <= report["no_signal_per_bucket"]["uniform"][buckets[-1]] <= 1.0

@@ -169,6 +169,11 @@ def test_posterior_tracks_observed_outcomes_with_decay() -> None:
     e1 = {"b": "e1", "i": 0}
     source.observe([outcome(e1, 6), outcome(e1, 2)])  # 8 of 16 correct
     assert source.pass_rates()["e1"] == pytest.approx(9 / 18)
+    assert source.metrics()["curriculum/no_signal/e1"] == 0.0
+    source.observe([outcome(e1, 0), outcome(e1, 3), outcome(e1, 8)])  # two of three groups all-equal
+    assert source.metrics()["curriculum/no_signal/e1"] == pytest.approx(2 / 3)
+    source = AdaptiveSource(LadderTask(), adaptive(decay=0.5), seed=0)
+    source.observe([outcome(e1, 6), outcome(e1, 2)])
     source.observe([outcome(e1, 8)])  # old evidence halves: 4 + 8 correct, 4 wrong
     assert source.stats["e1"] == [12.0, 4.0]
     assert source.pass_rates()["e1"] == pytest.approx(13 / 18)
