@@ -22,10 +22,11 @@ class SelfPlayConfig(BaseModel):
     proposal: Literal["problem", "worked"] = Field(
         "problem",
         description=(
-            "What the proposer writes (selfplay/countdown.py). problem: `numbers -> target`, kept when the "
-            "brute-force solver finds it solvable. worked: the problem and a solution on the next line, "
-            "`<answer>expression</answer>`; the target is the solution's value (Absolute Zero's executor "
-            "computes the answer), so every well-formed proposal is solvable."
+            "What the proposer writes (docs/selfplay.md). problem: it states the answer key and the task checks "
+            "it (Countdown: `numbers -> target`, solvable by brute force; code: a reference that passes its "
+            "asserts). worked: it writes a solution and the task's executor computes the key (Countdown: the "
+            "target is the solution's value; code: the expected values are what the reference returns), as "
+            "Absolute Zero's executor does."
         ),
     )
     proposer_max_new_tokens: int = Field(
