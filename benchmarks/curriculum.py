@@ -52,11 +52,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from keelrl.config import ModelConfig, TinyModelConfig, config_from_dict
 from keelrl.demo import corpus_text, pretrain
 from keelrl.evaluate import run_eval, summarize
+from keelrl.evaluate.stats import bootstrap_means, percentile_interval
 from keelrl.models import build_char_tokenizer, build_tiny_model, load_policy, save_hf_dir
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.hf import HFSampler
@@ -303,31 +305,31 @@ def mean_or_none(values: list[float | None]) -> float | None:
     return statistics.mean(present) if present else None
 
 
+def censored_as_budget(per_seed: list[int | None], steps: int) -> list[int]:
+    """Steps to a target per seed, a seed that never got there counted as the budget (a lower bound)."""
+    return [steps if s is None else s for s in per_seed]
+
+
 def steps_summary(per_seed: list[int | None], steps: int) -> dict[str, Any]:
-    """Mean steps to a target over seeds; a seed that never got there counts as `steps` (a lower bound).
-    `ci95`: a percentile bootstrap over the seeds (with 3 seeds, a rough range rather than a precise interval)."""
-    values = [steps if s is None else s for s in per_seed]
+    """Mean steps to a target over seeds (censored_as_budget). `ci95`: a percentile bootstrap over the seeds
+    (with 3 seeds, a rough range rather than a precise interval)."""
+    values = censored_as_budget(per_seed, steps)
     return {
         "mean": statistics.mean(values),
-        "ci95": seed_bootstrap(values),
+        "ci95": seed_interval(seed_means(values)),
         "per_seed": per_seed,
         "censored": sum(s is None for s in per_seed),
     }
 
 
-def seed_bootstrap(values: list[float], other: list[float] | None = None, draws: int = 4000) -> list[float]:
-    """95% percentile interval of mean(values), or of mean(values) / mean(other) with each list resampled on
-    its own, over seeds drawn with replacement (fixed RNG seed)."""
-    import random
+def seed_means(values: list[int], seed: int = 0) -> np.ndarray:
+    """Bootstrap means of per-seed values, seeds drawn with replacement (keelrl.evaluate.stats)."""
+    return bootstrap_means(np.array([values], dtype=np.float64), seed=seed)[:, 0]
 
-    rng, stats = random.Random(0), []
-    for _ in range(draws):
-        m = statistics.mean(rng.choices(values, k=len(values)))
-        if other is not None:
-            m /= statistics.mean(rng.choices(other, k=len(other)))
-        stats.append(m)
-    stats.sort()
-    return [round(stats[int(0.025 * draws)], 4), round(stats[int(0.975 * draws) - 1], 4)]
+
+def seed_interval(draws: np.ndarray) -> list[float]:
+    lo, hi = percentile_interval(draws)
+    return [round(float(lo), 4), round(float(hi), 4)]
 
 
 def summarize_arms(results: dict[str, list[dict[str, Any]]], steps: int) -> dict[str, Any]:
@@ -500,10 +502,11 @@ def main() -> None:
     cur = summary["steps_to_hardest_bucket_target"].get("curriculum")
     uni = summary["steps_to_hardest_bucket_target"].get("uniform")
     if cur is not None and uni is not None:
-        per_seed = {
-            k: [a.steps if x is None else x for x in v["per_seed"]] for k, v in (("c", cur), ("u", uni))
-        }
-        summary["curriculum_over_uniform_ci95"] = seed_bootstrap(per_seed["c"], per_seed["u"])
+        # the ratio of means, each arm's seeds resampled on their own
+        ratios = seed_means(censored_as_budget(cur["per_seed"], a.steps), seed=0) / seed_means(
+            censored_as_budget(uni["per_seed"], a.steps), seed=1
+        )
+        summary["curriculum_over_uniform_ci95"] = seed_interval(ratios)
     report: dict[str, Any] = {
         "benchmark": "curriculum",
         "command": "python " + " ".join(sys.argv),

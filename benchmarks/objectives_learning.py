@@ -14,8 +14,8 @@ the guards stop is recorded as stopped, with its evals so far.
     python benchmarks/objectives_learning.py --seeds 0 1 2 --out /tmp/objectives --json docs/objectives_learning.json
     python benchmarks/objectives_learning.py --objectives ppo_clip async_k1 async_k2 --minibatches 1 --lr 3e-4 \
         --out /tmp/asyncl --json docs/async_learning.json   # the demo's RL stage as it is, k = 0, 1, 2
-    python benchmarks/objectives_learning.py --objectives ppo_clip selfplay --minibatches 1 --lr 3e-4 \
-        --out /tmp/asyncl --json docs/selfplay_learning.json   # self-play against RL on the task's training set
+    python benchmarks/objectives_learning.py --objectives selfplay selfplay_worked --minibatches 1 --lr 1.5e-4 \
+        --base /tmp/asyncl/seed0/base --out /tmp/sp   # self-play from one base (RESULTS "Self-play (issue 29)")
 """
 
 from __future__ import annotations

@@ -162,9 +162,8 @@ def test_benchmark_quick_mode_writes_the_promised_json(
     assert report["base_model"]["pretrained_by"].startswith("benchmarks/curriculum.py")
     assert isinstance(report["target_met"], bool) and report["verdict"]
     hard_only = report["runs"]["fixed_hard"][0]
-    prompts = (
-        6.0 * report["setup"]["rl"]["rollout"]["batch_size"] / 8
-    )  # 6 steps, every prompt from the hardest
+    # 6 steps, every prompt from the hardest bucket
+    prompts = 6.0 * report["setup"]["rl"]["rollout"]["batch_size"] / 8
     assert hard_only["prompts_per_bucket"] == {**dict.fromkeys(buckets[:-1], 0.0), buckets[-1]: prompts}
     assert hard_only["no_signal_per_bucket"][buckets[0]] is None  # never drawn
     assert 0.0 <= report["no_signal_per_bucket"]["uniform"][buckets[-1]] <= 1.0

@@ -114,6 +114,10 @@ def check_code_proposal(task: CodeTask, text: str, form: str = "problem") -> Pro
     held_out = {p["entry_point"] for p in task.splits["test"]}
     if problem["entry_point"] in held_out:
         return Proposal(None, "held_out")
+    try:  # the code task's own checks of a problem, before any sandbox run; the id follows from the key
+        problem = validate_problem({**problem, "id": "proposal"}, "proposal")
+    except TaskError:
+        return Proposal(None, "malformed")
     pool = shared_pool(task.params.isolation, task.params.workers, task.hide)
     job = Job(problem["reference"], problem["entry_point"], calls_of(problem["tests"]), task.limits)
     runs = [pool.submit(job), pool.submit(job)]
@@ -130,11 +134,7 @@ def check_code_proposal(task: CodeTask, text: str, form: str = "problem") -> Pro
     elif not judge(problem["tests"], first, problem["entry_point"]).ok:
         return Proposal(None, "invalid_solution")
     key = code_problem_key(problem)
-    try:
-        checked = validate_problem({**problem, "id": f"selfplay-{key}"}, "proposal")
-    except TaskError:
-        return Proposal(None, "malformed")
-    return Proposal(checked, "valid", key)
+    return Proposal({**problem, "id": f"selfplay-{key}"}, "valid", key)
 
 
 class CodeProposer:

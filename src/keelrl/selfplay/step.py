@@ -55,9 +55,8 @@ class ProposerPrompter:
     def __call__(self, index: int, problem: dict[str, Any]) -> tuple[list[int], str]:
         template, run = self.run.prompter.template, self.run
         user, start = PROPOSERS[run.task.name].prompt(run.task, problem, template, run.cfg.selfplay.proposal)
-        if (
-            template == "compact"
-        ):  # the user text (if any) on its line, then the start (Countdown: a corpus line's)
+        if template == "compact":
+            # the user text (if any) on its own line, then the start (Countdown: a corpus line's first number)
             text = f"{user}\n{start}" if user else start
             return self.tokenizer(text, add_special_tokens=False)["input_ids"], start
         return render_prompt(self.tokenizer, Prompt("", user, start), template), start
