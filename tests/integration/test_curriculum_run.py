@@ -167,3 +167,9 @@ def test_benchmark_quick_mode_writes_the_promised_json(
     assert hard_only["prompts_per_bucket"] == {**dict.fromkeys(buckets[:-1], 0.0), buckets[-1]: prompts}
     assert hard_only["no_signal_per_bucket"][buckets[0]] is None  # never drawn
     assert 0.0 <= report["no_signal_per_bucket"]["uniform"][buckets[-1]] <= 1.0
+    # compute to the hardest bucket's target: every step's batch until then
+    for runs in report["runs"].values():
+        for run in runs:
+            steps = run["steps_to_hard_target"]
+            samples = None if steps is None else steps * report["setup"]["rl"]["rollout"]["batch_size"]
+            assert run["samples_to_hard_target"] == samples
