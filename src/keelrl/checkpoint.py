@@ -130,6 +130,8 @@ def snapshot(
             "weights": _cpu_copy(train_state.critic.state_dict()),
             "optimizer": _cpu_copy(train_state.critic_optimizer.state_dict()),
         }
+    if train_state.proposer is not None:  # selfplay.policies = "two" (selfplay/roles.py)
+        trainer["proposer"] = _cpu_copy(train_state.proposer.state_dict())
     state = {**train_state.counters(), "config": config, **extra}
     if train_state.lora_base is not None:
         state["lora_base"] = train_state.lora_base
@@ -328,6 +330,12 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
             f"{path} has no value model (a run without algo.advantage = 'gae' saved it); start a new run directory "
             "to train with a critic"
         )
+    if (train_state.proposer is not None) != ("proposer" in trainer):
+        mine, saved = ("two", "one") if train_state.proposer is not None else ("one", "two")
+        raise CheckpointError(
+            f"{path} was saved by a self-play run with selfplay.policies = '{saved}', this run has '{mine}'; resume "
+            "with the setting it was made with, or start a new run directory"
+        )
     saved_sharded = trainer["optimizer"].get("format") == "sharded"
     if is_sharded(policy):
         if not saved_sharded:
@@ -389,6 +397,8 @@ def _restore_rest(path: Path, train_state: TrainState, trainer: dict[str, Any]) 
     if train_state.critic is not None and train_state.critic_optimizer is not None:
         train_state.critic.load_state_dict(trainer["critic"]["weights"])
         train_state.critic_optimizer.load_state_dict(trainer["critic"]["optimizer"])
+    if train_state.proposer is not None:
+        train_state.proposer.load_state_dict(trainer["proposer"])
     train_state.scheduler.load_state_dict(trainer["scheduler"])
     restore_rng(trainer["rng"])
     train_state.pipeline = list(trainer.get("pipeline", []))

@@ -142,6 +142,18 @@ def check_selfplay(cfg: Config) -> None:
                 f"train.stage = 'selfplay' does not combine with {key} = {value!r} yet (the proposals' buffer is "
                 f"its problem source and the task's checker its reward); set {key} = {plain!r}"
             )
+    if cfg.selfplay.policies == "two":
+        refused = {
+            "rollout.engine = 'vllm'": cfg.rollout.engine != "hf",
+            "model.lora": cfg.model.lora.rank > 0,
+            "algo.advantage = 'gae'": cfg.algo.advantage == "gae",
+        }
+        if bad := [k for k, on in refused.items() if on]:
+            raise ValueError(
+                f"selfplay.policies = 'two' does not combine with {', '.join(bad)} yet: the proposer is a second "
+                "in-process policy on the hf engine, trained whole by a group estimator with its own optimizer; "
+                "drop them or use selfplay.policies = 'one'"
+            )
     proposals = cfg.selfplay.proposer_prompts * cfg.rollout.group_size
     if proposals > cfg.prompts_per_step:
         raise ValueError(

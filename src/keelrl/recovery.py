@@ -30,6 +30,7 @@ from keelrl.lora import has_lora, lora_summary, merged_model, save_adapter_dir
 from keelrl.models import model_summary, save_hf_dir
 from keelrl.rm.step import write_card
 from keelrl.run import CheckpointStop, GuardStop, Run
+from keelrl.selfplay.roles import proposer_view
 from keelrl.state import TrainState
 from keelrl.supervisor import pulse
 from keelrl.weight_sync import sync_sampler
@@ -254,10 +255,13 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
     run.source.load_state_dict(cursor)
     state.curriculum = cursor
     if cfg.rollback_lr_scale != 1.0:
-        sched = state.scheduler
-        sched.base_lrs = [lr * cfg.rollback_lr_scale for lr in sched.base_lrs]
-        for group, lr in zip(state.optimizer.param_groups, sched.get_last_lr()):
-            group["lr"] = lr * cfg.rollback_lr_scale
+        schedules = [(state.optimizer, state.scheduler)]
+        if state.proposer is not None:  # self-play's second policy (selfplay/roles.py) backs off too
+            schedules.append((state.proposer.optimizer, state.proposer.scheduler))
+        for optimizer, sched in schedules:
+            sched.base_lrs = [lr * cfg.rollback_lr_scale for lr in sched.base_lrs]
+            for group, lr in zip(optimizer.param_groups, sched.get_last_lr()):
+                group["lr"] = lr * cfg.rollback_lr_scale
     if run.world.is_writer:
         for path in ckpt.committed(run.run_dir.checkpoints):
             if int(path.name.removeprefix("step_")) > state.step:
@@ -265,6 +269,8 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
     run.run_dir.truncate_after(state.step)
     run.live.history = [r for r in run.live.history if int(r.get("step", -1)) <= state.step]
     sync_sampler(run, state, state.step)
+    if state.proposer is not None:  # self-play's second policy: its sampler's version follows its weights
+        sync_sampler(*proposer_view(run, state), state.step)
     if run.pipeline is not None:
         restore_pipeline(run, state)  # the checkpoint's batches, then the schedule from there
     run.event(

@@ -99,6 +99,11 @@ class Run:
     pipeline: Pipeline | None = None  # rollout.max_staleness >= 1: batches sampled ahead in another process
     reward_model: Any = None  # reward.model: the learned reward (rm/learned.py LearnedReward)
     stage_data: Any = None  # SFT's encoded examples (sft/step.py SFTData); RM's pairs (rm/step.py PairData)
+    # selfplay.policies = "two": the run as the proposer sees it (selfplay/roles.py)
+    proposer: Run | None = None
+    # the prefix of this run's update metrics in the step's record: "" for the policy, "proposer/" for self-play's
+    # proposer view (the per-step guards judge an update against its own earlier ones)
+    metric_prefix: str = ""
     console: ConsoleSink | None = None
     sinks: list[Sink] = field(default_factory=list)
     started: float = field(default_factory=time.time)

@@ -37,9 +37,10 @@ from keelrl.rollout.episodes import Prompter
 from keelrl.rollout.pipeline import Pipeline, ProgressCount
 from keelrl.rollout.ray import ScorerPool, import_ray, ray_cpus
 from keelrl.run import Live, ResumeError, Run
+from keelrl.selfplay.roles import proposer_run, proposer_view
 from keelrl.selfplay.source import SelfPlaySource
 from keelrl.sft.step import load_sft_data
-from keelrl.state import TrainState
+from keelrl.state import RolePolicy, TrainState
 from keelrl.supervisor import ENV_SUPERVISED, Heartbeat, pulse
 from keelrl.tasks import get_task
 from keelrl.tasks.env import is_environment
@@ -56,15 +57,20 @@ SAFE_TO_CHANGE = (
 
 
 def build_optimizer(
-    cfg: Config, policy: PreTrainedModel
+    cfg: Config, policy: PreTrainedModel, lr: float | None = None
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the trainable parameters (lr: `algo.lr` unless given) and the schedule `algo` names."""
     a = cfg.algo
     params = [p for p in policy.parameters() if p.requires_grad]
     # The fused kernel is one pass over each tensor instead of a dozen foreach ops (same rule, CPU and CUDA):
     # 10 against 38 ms per step for 5.2M fp32 parameters on one CPU thread (benchmarks/cpu_overheads.py).
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(
-        params, lr=a.lr, betas=(a.adam_beta1, a.adam_beta2), weight_decay=a.weight_decay, fused=fused
+        params,
+        lr=a.lr if lr is None else lr,
+        betas=(a.adam_beta1, a.adam_beta2),
+        weight_decay=a.weight_decay,
+        fused=fused,
     )
     total = max(cfg.train.steps, 1)
 
@@ -181,6 +187,7 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             critic=critic,
             critic_optimizer=critic_opt,
             lora_base=lora_base,
+            proposer=build_proposer(cfg, world),
         )
         source = (  # self-play's problems come from its buffer of proposals
             SelfPlaySource(cfg.selfplay.buffer_capacity)
@@ -257,6 +264,10 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             reward_model=reward_model,
         )
         sync_sampler(run, state, state.step)
+        if state.proposer is not None:  # its own in-process sampler, over its own weights (and version)
+            sampler = SAMPLERS["hf"](cfg, state.proposer.model, tokenizer, pulse)
+            run.proposer = proposer_run(run, state, sampler)
+            sync_sampler(*proposer_view(run, state), state.step)
         if pipeline is not None:
             restore_pipeline(run, state)
         run.ckpt_policy.observe_failures(*observed_failures(run_dir))
@@ -269,6 +280,17 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
             lock.release()
         raise
     return run, state
+
+
+def build_proposer(cfg: Config, world: World) -> RolePolicy | None:
+    """selfplay.policies = "two": the proposer, a second policy from model.path with its own optimizer
+    (selfplay/roles.py); None with one policy in both roles, and outside self-play."""
+    if cfg.train.stage != "selfplay" or cfg.selfplay.policies != "two":
+        return None
+    model, _ = load_policy(cfg.model)
+    model.to(world.device).eval()  # eval: dropout off, as the policy's
+    optimizer, scheduler = build_optimizer(cfg, model, lr=cfg.selfplay.proposer_lr or cfg.algo.lr)
+    return RolePolicy(model, optimizer, scheduler)
 
 
 def load_stage_data(cfg: Config, tokenizer: Any, task: Any, template: str) -> Any:

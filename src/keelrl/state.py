@@ -14,6 +14,34 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from keelrl.rollout.weights import load_untied, untied_state_dict
+
+
+@dataclass
+class RolePolicy:
+    """A policy trained beside `TrainState.policy` for another role (self-play's proposer under
+    `selfplay.policies = "two"`): its own weights, optimizer and schedule, saved in trainer_state.pt."""
+
+    model: PreTrainedModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    version: int = 0  # its policy version: one per step, as TrainState.policy_version
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "weights": untied_state_dict(self.model),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        device = next(self.model.parameters()).device
+        load_untied(self.model, {k: v.to(device) for k, v in saved["weights"].items()})
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.scheduler.load_state_dict(saved["scheduler"])
+        self.version = int(saved["version"])
+
 
 @dataclass
 class TrainState:
@@ -37,6 +65,8 @@ class TrainState:
     # model.lora: the base model the adapters sit on, {"path", "weights_sha256"} (keelrl/lora.py); rebuilt at
     # setup, recorded in every checkpoint, and a resume onto another base is refused
     lora_base: dict[str, str] | None = None
+    # selfplay.policies = "two": the proposer, a policy of its own (selfplay/roles.py); the solver is `policy`
+    proposer: RolePolicy | None = None
 
     def counters(self) -> dict[str, Any]:
         """The JSON part of the state (the tensors are saved separately)."""

@@ -266,7 +266,7 @@ def update_phase(
             grad_norm = agree_on_norm(grad_norm_and_clip(policy, a.grad_clip), world)
             sums["grad_norm"] += grad_norm
             finding = check_update(
-                run.live.history,
+                own_history(run),
                 state.step + 1,
                 stats.get("loss/total", 0.0),
                 grad_norm,
@@ -295,6 +295,19 @@ def update_phase(
         out["critic/warmup"] = float(warmup)
     out.update(sync)
     return out
+
+
+def own_history(run: Run) -> list[dict[str, Any]]:
+    """The records an update is judged against: the run's, or for a role that logs its update metrics under a
+    prefix (self-play's proposer, `run.metric_prefix`), that role's own, the prefix removed."""
+    p = run.metric_prefix
+    if not p:
+        return run.live.history
+    return [
+        {"step": r["step"], **{k.removeprefix(p): v for k, v in r.items() if k.startswith(p)}}
+        for r in run.live.history
+        if "step" in r
+    ]
 
 
 def skip_update(run: Run, state: TrainState, finding: Finding, **where: Any) -> None:

@@ -132,7 +132,12 @@ def test_report_shows_the_curriculum(runs: tuple[Path, Path]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "family,buckets", [("countdown", ["n2", "n3", "n4"]), ("multiply", ["1x1", "2x1", "3x1"])]
+    "family,buckets",
+    [
+        ("countdown", ["n2", "n3", "n4"]),
+        ("multiply", ["1x1", "2x1", "3x1"]),
+        ("spell_backward", ["L0", "L1", "L2"]),
+    ],
 )
 def test_benchmark_quick_mode_writes_the_promised_json(
     family: str, buckets: list[str], tmp_path: Path

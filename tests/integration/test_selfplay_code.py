@@ -101,3 +101,75 @@ def test_code_selfplay_step_checks_in_the_sandbox_solves_and_pays(model: Path, t
     assert metrics["accuracy"] == pytest.approx(rate)
     assert metrics["selfplay/proposer_reward"] == pytest.approx(learnability_reward(rate) / 4)
     assert all(metrics[f"selfplay/refused/{r}"] == 0.0 for r in ("malformed", "invalid_solution", "held_out"))
+
+
+def test_two_policies_each_trained_on_its_own_role(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """selfplay.policies = "two": the proposer's sampler writes the proposals, the policy's the solutions; each
+    update gets only its own role's rollouts and moves only its own weights."""
+    import torch
+
+    import keelrl.selfplay.step as step_module
+    from keelrl.rollout.weights import untied_state_dict
+
+    cfg = config_from_dict(
+        {
+            "model": {"path": str(model)},
+            "task": {"name": "code", "template": "compact"},
+            "rollout": {"batch_size": 16, "group_size": 4, "max_new_tokens": 400},
+            "train": {"stage": "selfplay", "steps": 1, "micro_batch_size": 8, "threads": 1},
+            "selfplay": {"proposer_prompts": 1, "policies": "two", "proposer_lr": 1e-2},
+            "eval": {"every_steps": 0},
+            "log": {"progress": False},
+            "supervisor": {"enabled": False},
+        },
+        "test",
+    )
+    run, state = setup(cfg, tmp_path / "run")
+    assert state.proposer is not None and run.proposer is not None
+    assert state.proposer.model is not state.policy
+    assert state.proposer.optimizer.param_groups[0]["lr"] == 1e-2 != state.optimizer.param_groups[0]["lr"]
+    solver_seeds: list[int] = []
+    proposer_prompts: list[str] = []
+
+    class ProposerOnly(ScriptedSampler):
+        def generate(
+            self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
+        ) -> list[Generation]:
+            proposer_prompts.extend(self.tokenizer.decode(ids) for ids in prompts)
+            return super().generate(prompts, settings, seeds)
+
+    run.sampler = ScriptedSampler(run.tokenizer, solver_seeds)
+    run.proposer.sampler = ProposerOnly(run.tokenizer, [])
+    before = {
+        "solver": {k: v.clone() for k, v in untied_state_dict(state.policy).items()},
+        "proposer": {k: v.clone() for k, v in untied_state_dict(state.proposer.model).items()},
+    }
+    updates: list[tuple[object, list[str]]] = []
+    real_update = step_module.rl_update
+
+    def recording_update(run_: object, state_: object, rollouts: list) -> dict[str, float]:
+        updates.append((state_.policy, [r.info["role"] for r in rollouts]))  # type: ignore[attr-defined]
+        return real_update(run_, state_, rollouts)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(step_module, "rl_update", recording_update)
+    metrics = selfplay_step(run, state)
+
+    # the proposer's sampler saw only proposer prompts; the policy's sampler only the solver's
+    assert len(proposer_prompts) == 4 and all(p.endswith("<spec>") for p in proposer_prompts)
+    assert len(solver_seeds) == 4
+    assert [(policy, set(roles)) for policy, roles in updates] == [
+        (state.policy, {"solve"}),
+        (state.proposer.model, {"propose"}),
+    ]
+    assert [len(roles) for _, roles in updates] == [4, 4]
+    # both moved (the proposal group's rewards differ: one new, three duplicates; the solver both passes and
+    # fails), each by its own optimizer, and the two policies now differ
+    after = {"solver": untied_state_dict(state.policy), "proposer": untied_state_dict(state.proposer.model)}
+    for role in ("solver", "proposer"):
+        assert any(not torch.equal(before[role][k], after[role][k]) for k in before[role]), role
+    assert any(not torch.equal(after["solver"][k], after["proposer"][k]) for k in after["solver"])
+    assert state.proposer.version == 1 and state.policy_version == 1
+    assert "proposer/loss/total" in metrics and "proposer/grad_norm" in metrics and "loss/total" in metrics
+    assert metrics["proposer/lr"] == 1e-2

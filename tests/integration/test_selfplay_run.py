@@ -9,11 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from keelrl.algo.selfplay import learnability_reward
 from keelrl.config import ConfigError, TinyModelConfig, config_from_dict
 from keelrl.demo import corpus_text, pretrain
 from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.rollout.weights import tensors_sha256
 from keelrl.tasks import get_task
 from keelrl.trainer import train
 
@@ -106,14 +108,38 @@ def test_selfplay_proposes_checks_solves_and_pays(corpus_model: Path, tmp_path: 
     assert all(e[3] >= 4 for e in buffer["entries"])  # every buffered problem was attempted by a solver group
 
 
-def test_selfplay_resumes_exactly_with_its_buffer(corpus_model: Path, tmp_path: Path) -> None:
-    full = train(_cfg(corpus_model, 4), tmp_path / "full")
-    train(_cfg(corpus_model, 2), tmp_path / "split")
-    resumed = train(_cfg(corpus_model, 4), tmp_path / "split")
+@pytest.mark.parametrize("policies", ["one", "two"])
+def test_selfplay_resumes_exactly_with_its_buffer(corpus_model: Path, tmp_path: Path, policies: str) -> None:
+    # two: the solver trains on its rollouts alone, which at this test's lr 3e-3 empties its evals (a rollback)
+    sp, algo = {"proposer_prompts": 2, "policies": policies}, {"lr": 3e-3 if policies == "one" else 1e-3}
+    full = train(_cfg(corpus_model, 4, selfplay=sp, algo=algo), tmp_path / "full")
+    train(_cfg(corpus_model, 2, selfplay=sp, algo=algo), tmp_path / "split")
+    resumed = train(_cfg(corpus_model, 4, selfplay=sp, algo=algo), tmp_path / "split")
     assert resumed["weights_sha256"] == full["weights_sha256"]
-    a = json.loads((tmp_path / "full" / "checkpoints" / "latest" / "state.json").read_text())["curriculum"]
-    b = json.loads((tmp_path / "split" / "checkpoints" / "latest" / "state.json").read_text())["curriculum"]
-    assert a == b
+    latest = {name: tmp_path / name / "checkpoints" / "latest" for name in ("full", "split")}
+    a, b = (json.loads((latest[name] / "state.json").read_text())["curriculum"] for name in ("full", "split"))
+    assert a == b and a["buffer"]["entries"]
+    saved = {name: torch.load(latest[name] / "trainer_state.pt", weights_only=False) for name in latest}
+    if policies == "one":
+        assert "proposer" not in saved["full"]
+        return
+    # the proposer (its weights, optimizer moments and schedule) resumes exactly too, and it trained apart
+    full_p, split_p = saved["full"]["proposer"], saved["split"]["proposer"]
+    assert full_p["version"] == split_p["version"] == 4
+    assert tensors_sha256(full_p["weights"]) == tensors_sha256(split_p["weights"])
+    assert tensors_sha256(full_p["weights"]) != full["weights_sha256"]
+    moments = [
+        (x["exp_avg"], y["exp_avg"])
+        for x, y in zip(full_p["optimizer"]["state"].values(), split_p["optimizer"]["state"].values())
+    ]
+    assert moments and all(torch.equal(x, y) for x, y in moments)
+    assert full_p["scheduler"] == split_p["scheduler"]
+
+
+def test_selfplay_policies_setting_is_fixed_for_a_run_directory(corpus_model: Path, tmp_path: Path) -> None:
+    train(_cfg(corpus_model, 2), tmp_path / "run")
+    with pytest.raises(Exception, match=r"selfplay\.policies"):
+        train(_cfg(corpus_model, 4, selfplay={"proposer_prompts": 2, "policies": "two"}), tmp_path / "run")
 
 
 def test_selfplay_config_errors(corpus_model: Path) -> None:
@@ -125,3 +151,24 @@ def test_selfplay_config_errors(corpus_model: Path) -> None:
         _cfg(corpus_model, 2, selfplay={"buffer_capacity": 4})
     with pytest.raises(ConfigError, match=r"curriculum\.kind"):
         _cfg(corpus_model, 2, curriculum={"kind": "adaptive"})
+    with pytest.raises(ConfigError, match=r"policies = 'two' does not combine with rollout\.engine = 'vllm'"):
+        _cfg(corpus_model, 2, selfplay={"policies": "two"}, rollout={"engine": "vllm"})
+
+
+def test_two_policies_roll_back_together(corpus_model: Path, tmp_path: Path) -> None:
+    """At this lr the solver's evals collapse by step 4 and eval_regression rolls back to step 0: the proposer is
+    restored with the policy, and guards.rollback_lr_scale lowers both learning rates."""
+    cfg = _cfg(corpus_model, 6, selfplay={"proposer_prompts": 2, "policies": "two", "proposer_lr": 2e-3})
+    cfg.guards.rollback_lr_scale = 0.5
+    cfg.guards.max_rollbacks = 1
+    train(cfg, tmp_path / "run")
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    (rollback,) = [e for e in events if e["kind"] == "rollback"]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    after = [r for r in rows if "proposer/lr" in r and r["step"] > rollback["to_step"]]
+    assert after, "steps ran after the rollback"
+    assert all(r["proposer/lr"] == pytest.approx(1e-3) and r["lr"] == pytest.approx(1.5e-3) for r in after)
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "latest" / "trainer_state.pt", weights_only=False)
+    assert saved["proposer"]["scheduler"]["base_lrs"] == [pytest.approx(1e-3)]
+    # restored, not carried on: 6 updates since step 0 (without the restore it would count the 4 before too)
+    assert rollback["to_step"] == 0 and saved["proposer"]["version"] == 6

@@ -122,6 +122,11 @@ def test_curriculum_levels_are_the_buckets() -> None:
             assert task.difficulty(p) == f"L{level}" and p["metadata"]["num_terms"] == terms
             assert task.score(p, f"<answer>{p['answer']}</answer>").correct
     assert inline("chain_sum", max_level=2).buckets() == ["L0", "L1", "L2"]
+    # min_level: the ladder starts higher (a curriculum benchmark's hardest bucket alone), same problems per level
+    hard = inline("chain_sum", min_level=2, max_level=2)
+    assert hard.buckets() == ["L2"] and hard.problem_in("L2", "test", 3) == task.problem_in("L2", "test", 3)
+    with pytest.raises(TaskError, match="min_level 20 is above its highest level, 10"):
+        inline("chain_sum", min_level=20).buckets()
     with pytest.raises(ValueError, match="no difficulty bucket 'L11'"):
         task.problem_in("L11", "train", 0)
     # the ladder ends before a level that cannot generate (spell_backward L4 wants 11-letter words)

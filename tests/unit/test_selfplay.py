@@ -174,3 +174,30 @@ def test_code_proposals_are_checked_by_running_the_reference_twice() -> None:
     assert check_code_proposal(task, random_ref, "worked").reason == "nondeterministic"
     with pytest.raises(ValueError, match="unknown proposal form"):
         check_code_proposal(task, CODE, "guess")
+
+
+def test_the_proposer_update_is_judged_against_its_own_history() -> None:
+    """selfplay.policies = "two": the proposer's gradient norms (logged as proposer/grad_norm) run 4x the
+    solver's here. Judged against the solver's records, its ordinary update would be a grad_spike and skipped;
+    `own_history` gives the per-step guards the proposer's own records under the plain names."""
+    from types import SimpleNamespace
+
+    from keelrl.guards.rules import GuardsConfig
+    from keelrl.guards.step import check_update
+    from keelrl.update import own_history
+
+    history = [
+        {"step": s, "grad_norm": 0.10 + 0.002 * (s % 3), "loss/total": 0.0, "proposer/grad_norm": 0.40 + 0.01 * (s % 3),
+         "proposer/loss/total": 0.0}
+        for s in range(1, 21)
+    ]  # fmt: skip
+    solver = SimpleNamespace(metric_prefix="", live=SimpleNamespace(history=history))
+    proposer = SimpleNamespace(metric_prefix="proposer/", live=SimpleNamespace(history=history))
+    assert own_history(solver) is history  # type: ignore[arg-type]
+    mine = own_history(proposer)  # type: ignore[arg-type]
+    assert mine[0] == {"step": 1, "grad_norm": pytest.approx(0.41), "loss/total": 0.0}
+    cfg = GuardsConfig()
+    assert check_update(mine, 21, 0.0, 0.41, 1.0, 0.5, cfg) is None
+    spike = check_update(history, 21, 0.0, 0.41, 1.0, 0.5, cfg)
+    assert spike is not None and spike.name == "grad_spike"  # what judging it by the solver's records did
+    assert check_update(mine, 21, 0.0, 2.0, 1.0, 0.5, cfg) is not None  # its own spikes are still caught

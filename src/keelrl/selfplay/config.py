@@ -19,6 +19,19 @@ class SelfPlayConfig(BaseModel):
             "first, topped up from the buffer."
         ),
     )
+    policies: Literal["one", "two"] = Field(
+        "one",
+        description=(
+            "Who proposes. one: the policy plays both roles (the role is in the prompt) and one update trains "
+            "both roles' rollouts. two: the proposer is a second policy from the same starting weights "
+            "(model.path), with its own optimizer (selfplay.proposer_lr), trained only on the proposals; the "
+            "policy trains only on the solutions, and it is what evals, checkpoints' weights and final/ hold (the "
+            "proposer is saved in trainer_state.pt). One process, rollout.engine = 'hf', without model.lora."
+        ),
+    )
+    proposer_lr: float = Field(
+        0.0, ge=0.0, description="selfplay.policies = 'two': the proposer's learning rate; 0: algo.lr."
+    )
     proposal: Literal["problem", "worked"] = Field(
         "problem",
         description=(

@@ -1,5 +1,6 @@
-"""`train.stage = "selfplay"`: one step of propose-then-solve with one policy in both roles (Absolute Zero,
-arXiv 2505.03335), on a task with a proposer (`proposers.PROPOSERS`: Countdown, code).
+"""`train.stage = "selfplay"`: one step of propose-then-solve (Absolute Zero, arXiv 2505.03335), on a task with
+a proposer (`proposers.PROPOSERS`: Countdown, code), with one policy in both roles or two (`selfplay.policies`,
+roles.py).
 
 1. Propose: `selfplay.proposer_prompts` prompts, each sampled rollout.group_size times. A prompt varies by its
    cue, drawn per prompt (Countdown: the first number of the problem line; code: an example problem from the
@@ -11,8 +12,9 @@ arXiv 2505.03335), on a task with a proposer (`proposers.PROPOSERS`: Countdown, 
    sampled group_size times and scored by the task's checker, as RL scores its problems.
 4. Pay: the solver by correctness (the task's reward); a new valid proposal by its learnability,
    1 - s for a solve rate 0 < s < 1, else 0 (`algo.selfplay`); an invalid or duplicate proposal 0.
-5. Update: both roles' rollouts in one batch, group by group (every group has group_size rows, so the
-   advantage estimator's groups are each role's own), through the RL update.
+5. Update: one policy: both roles' rollouts in one batch, group by group (every group has group_size rows, so
+   the advantage estimator's groups are each role's own), through the RL update. Two policies: the solver's
+   rollouts update the policy, the proposer's the proposer (metrics `proposer/*`), each through the RL update.
 
 The buffer is the run's problem source (`source.py`): it is saved and resumed with the step's state. Seeds
 derive from (train.seed, step, rollbacks), so a resumed run proposes and solves what it would have.
@@ -37,10 +39,11 @@ from keelrl.rollout.prompts import render_prompt
 from keelrl.run import Run
 from keelrl.seeds import stable_hash
 from keelrl.selfplay.proposers import PROPOSERS
+from keelrl.selfplay.roles import proposer_view
 from keelrl.selfplay.source import SelfPlaySource
 from keelrl.state import TrainState
 from keelrl.tasks.base import Prompt
-from keelrl.update import rl_update
+from keelrl.update import end_of_step, rl_update
 
 
 class ProposerPrompter:
@@ -165,7 +168,8 @@ def selfplay_step(run: Run, state: TrainState) -> dict[str, float]:
     assert isinstance(source, SelfPlaySource)  # setup builds it for this stage
     t0 = time.perf_counter()
     run.heartbeat.beat(phase="sample")
-    proposals, new_keys = propose(run, state, source)
+    proposer_run, proposer_state = proposer_view(run, state)  # (run, state) itself with one policy
+    proposals, new_keys = propose(proposer_run, proposer_state, source)
     solutions, rates, errors = solve(run, state, source, new_keys)
     t1 = time.perf_counter()
     for r in proposals:
@@ -179,6 +183,13 @@ def selfplay_step(run: Run, state: TrainState) -> dict[str, float]:
     metrics["reward/errors"] = float(errors)
     refusals = PROPOSERS[run.task.name].reasons
     metrics.update(selfplay_metrics(proposals, rates, len(source.buffer.entries), refusals))
-    metrics.update(rl_update(run, state, rollouts))
+    if state.proposer is None:  # one policy in both roles: one update over both roles' groups
+        metrics.update(rl_update(run, state, rollouts))
+    else:  # two policies: each is updated on its own role's rollouts (roles.py)
+        # no problem to solve yet (an empty buffer, no valid proposal): the schedule still follows the step
+        metrics.update(rl_update(run, state, solutions) if solutions else end_of_step(run, state))
+        proposer_metrics = rl_update(proposer_run, proposer_state, proposals)
+        metrics.update({f"{proposer_run.metric_prefix}{k}": v for k, v in proposer_metrics.items()})
+        state.proposer.version = proposer_state.policy_version
     t3 = time.perf_counter()
     return close_step(run, state, rollouts, metrics, (t0, t1, t1, t1, t3))

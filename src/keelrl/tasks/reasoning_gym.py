@@ -25,7 +25,7 @@ reward 0), checker_timeout.
 Difficulty: reasoning-gym's curricula (`reasoning_gym.factory.create_curriculum`) are the buckets.
 Bucket `L<k>` is the config the dataset's curriculum makes at global level k, each attribute's range its
 level's own range (`RangeAttributeMode.UPPER_BOUND`, so levels do not overlap; `params` set the fields the
-curriculum does not), easiest first, up to `max_level`; the ladder ends before the first level that cannot
+curriculum does not), easiest first, from `min_level` up to `max_level`; the ladder ends before the first level that cannot
 generate a problem (e.g. spell_backward's level 4 wants 11-letter words its word list lacks). A dataset
 without a curriculum has the one bucket "all". `problem()` draws from `params` alone (sequential runs,
 evaluation); its bucket is the entry's `metadata["difficulty"]` written compactly ("2-6,1-4" for
@@ -130,6 +130,9 @@ class ReasoningGymParams(TaskParams):
     )
     max_level: int | None = Field(
         None, ge=0, description="Highest curriculum level in the difficulty ladder (default: all levels)."
+    )
+    min_level: int = Field(
+        0, ge=0, description="Lowest curriculum level in the ladder (e.g. its hardest alone)."
     )
 
 
@@ -304,14 +307,16 @@ class ReasoningGymTask:
         top = max((len(a.levels) for a in attributes), default=1) - 1
         if self.params.max_level is not None:
             top = min(top, self.params.max_level)
-        ladder = []
-        for level in range(top + 1):
+        ladder, first = [], self.params.min_level
+        if first > top:
+            raise _task_error(f"task {self.name}: min_level {first} is above its highest level, {top}")
+        for level in range(first, top + 1):
             try:
                 self._generate("train", 0, level)
             except Exception as err:  # a third-party generator: any error ends the ladder
-                if level == 0:
+                if level == first:
                     raise _task_error(
-                        f"task {self.name}: its curriculum's level 0 generates nothing: {err}"
+                        f"task {self.name}: its curriculum's level {first} generates nothing: {err}"
                     ) from err
                 logger.info(
                     "%s: curriculum ladder ends at L%d (L%d fails: %s)", self.name, level - 1, level, err
