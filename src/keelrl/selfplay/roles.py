@@ -1,7 +1,7 @@
 """Who plays the proposer (`selfplay.policies`).
 
 - "one": the policy plays both roles; the role is in the prompt. Both roles' rollouts go through one update, so
-  what the proposer learns (the problem line's format, writing on past the answer) reaches the solver too.
+  what the proposer role is trained on (problem lines, worked solutions) moves the solver's weights too.
 - "two": the proposer is a policy of its own (`TrainState.proposer`, a `RolePolicy`), from the same starting
   weights, with its own optimizer, schedule and sampler. The step samples proposals from it and updates it on the
   proposals alone; the policy (the solver) is updated on the solutions alone. Evals, checkpoints' weights and
