@@ -89,9 +89,8 @@ def multiply_corpus(task: Any, index: int, seed: int) -> str:
     return f"{problem['a']}*{problem['b']}\n<answer>{problem['a'] * problem['b']}</answer>"
 
 
-SPELL_PARAMS: dict[str, Any] = {
-    "max_level": 2
-}  # reasoning-gym's spell_backward, L0-L2: words of 3, 5 and 7 letters
+# reasoning-gym's spell_backward, L0-L2: words of 3, 5 and 7 letters
+SPELL_PARAMS: dict[str, Any] = {"max_level": 2}
 
 
 def question_answer_corpus(task: Any, index: int, seed: int) -> str:

@@ -236,6 +236,7 @@ def update_phase(
     mb_size = B // a.minibatches
     critic, critic_opt = state.critic, state.critic_optimizer
     warmup = critic is not None and state.step < a.critic_warmup_steps  # the critic learns, the policy waits
+    history = own_history(run)  # what the per-step guards judge each optimizer step against
     for epoch in range(a.ppo_epochs):
         perm = torch.arange(B, device=world.device)
         if a.minibatches > 1:
@@ -266,7 +267,7 @@ def update_phase(
             grad_norm = agree_on_norm(grad_norm_and_clip(policy, a.grad_clip), world)
             sums["grad_norm"] += grad_norm
             finding = check_update(
-                own_history(run),
+                history,
                 state.step + 1,
                 stats.get("loss/total", 0.0),
                 grad_norm,

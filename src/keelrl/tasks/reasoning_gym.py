@@ -25,8 +25,8 @@ reward 0), checker_timeout.
 Difficulty: reasoning-gym's curricula (`reasoning_gym.factory.create_curriculum`) are the buckets.
 Bucket `L<k>` is the config the dataset's curriculum makes at global level k, each attribute's range its
 level's own range (`RangeAttributeMode.UPPER_BOUND`, so levels do not overlap; `params` set the fields the
-curriculum does not), easiest first, from `min_level` up to `max_level`; the ladder ends before the first level that cannot
-generate a problem (e.g. spell_backward's level 4 wants 11-letter words its word list lacks). A dataset
+curriculum does not), easiest first, from `min_level` up to `max_level`; the ladder ends before the first level
+that cannot generate a problem (e.g. spell_backward's level 4 wants 11-letter words its word list lacks). A dataset
 without a curriculum has the one bucket "all". `problem()` draws from `params` alone (sequential runs,
 evaluation); its bucket is the entry's `metadata["difficulty"]` written compactly ("2-6,1-4" for
 num_terms (2, 6), num_digits (1, 4)), or "all".
