@@ -1,6 +1,6 @@
 """Curriculum vs uniform vs fixed-hard: the same base model, the same RL budget, several seeds. Prints JSON.
 
-    python benchmarks/curriculum.py [--family countdown|multiply] [--base-model DIR] [--seeds 3] [--steps 100]
+    python benchmarks/curriculum.py [--family countdown|multiply|countdown_set|spell_backward] [--base-model DIR] [--seeds 3] [--steps 100]
                                     [--eval-every 10] [--hard-gain 0.05] [--jobs 3] [--quick] [--out FILE]
 
 Families (`FAMILIES`; buckets easiest first, the last is the hardest; a ~1M-parameter character model, compact
@@ -9,6 +9,9 @@ template, answer only, so every arm runs on a CPU):
   numbers). Base: keelrl.demo's corpus (`corpus_text`: the format, answers not solutions).
 - multiply: products in buckets 1x1, 2x1, 3x1 (digits of each factor). Base: 800 steps on correct products of
   every rung (`multiply_corpus`), which leaves it imperfect everywhere and near zero on 3x1.
+- countdown_set: the demo's two-number Countdown, 1 to 4 problems per prompt, paid only when all are solved
+  (tasks/countdown_set.py), buckets x1-x4: one skill, a set of k solved with about the k-th power of one
+  problem's rate. Base: keelrl.demo's corpus per problem (`countdown_set_corpus`): about chance per problem.
 - spell_backward: reasoning-gym's spell_backward, levels L0-L2 (words of 3, 5, 7 letters; the hardest alone by
   the adapter's min_level). Base: questions with their reference answers (`question_answer_corpus`); 420 steps
   leave greedy 0.65 / 0.19 / 0.005 (docs/curriculum.md).
@@ -49,17 +52,16 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from curriculum_families import FAMILIES, buckets_of  # benchmarks/: the task families
 from keelrl.config import ModelConfig, TinyModelConfig, config_from_dict
-from keelrl.demo import corpus_text, pretrain
+from keelrl.demo import pretrain
 from keelrl.evaluate import run_eval, summarize
 from keelrl.evaluate.stats import bootstrap_means, percentile_interval
 from keelrl.models import build_char_tokenizer, build_tiny_model, load_policy, save_hf_dir
@@ -68,70 +70,6 @@ from keelrl.rollout.hf import HFSampler
 from keelrl.tasks import Prompt, Score, Task, get_task
 from keelrl.trainer import train
 
-COUNTDOWN_PARAMS: dict[str, Any] = {  # keelrl demo's task (numbers 1..50), over 2, 3 and 4 numbers
-    "min_numbers": 2,
-    "max_numbers": 4,
-    "min_number": 1,
-    "max_number": 50,
-    "max_target": 2500,
-    "test_fraction": 0.3,
-}
-MULTIPLY_PARAMS: dict[str, Any] = {"digits_a": 3, "digits_b": 1, "min_digits": 1, "test_fraction": 0.1}
-
-
-def multiply_corpus(task: Any, index: int, seed: int) -> str:
-    """One pretraining line of the multiply family: a training problem of each rung in turn, with its product
-    (the compact template's `a*b` line, then the answer). 800 steps leave the tiny model imperfect at every
-    rung: greedy 0.49 / 0.18 / 0.05 on 1x1 / 2x1 / 3x1 (a base that knows some arithmetic, as a pretrained
-    model does)."""
-    buckets = task.buckets()
-    problem = task.problem_in(buckets[index % len(buckets)], "train", index // len(buckets))
-    return f"{problem['a']}*{problem['b']}\n<answer>{problem['a'] * problem['b']}</answer>"
-
-
-# reasoning-gym's spell_backward, L0-L2: words of 3, 5 and 7 letters
-SPELL_PARAMS: dict[str, Any] = {"max_level": 2}
-
-
-def question_answer_corpus(task: Any, index: int, seed: int) -> str:
-    """One pretraining line of a reasoning-gym family: a training problem of each level in turn, its question
-    and its reference answer, as the compact template shows them (question, then `<answer>answer</answer>`)."""
-    buckets = task.buckets()
-    problem = task.problem_in(buckets[index % len(buckets)], "train", index // len(buckets))
-    return f"{problem['question']}\n<answer>{problem['answer']}</answer>"
-
-
-@dataclass(frozen=True)
-class Family:
-    """A task family with difficulty buckets (easiest first; the last is the hardest): the task over every
-    bucket, its hardest bucket alone (the fixed_hard arm), the pretraining text of line i, the answer budget."""
-
-    task: str
-    params: dict[str, Any]
-    hard_params: dict[str, Any]
-    corpus: Callable[[Any, int, int], str]
-    max_new_tokens: int
-
-
-FAMILIES: dict[str, Family] = {
-    "countdown": Family(
-        "countdown",
-        COUNTDOWN_PARAMS,
-        {**COUNTDOWN_PARAMS, "min_numbers": 4, "max_numbers": 4},
-        corpus_text,  # type: ignore[arg-type]
-        32,
-    ),
-    "multiply": Family(
-        "multiply", MULTIPLY_PARAMS, {**MULTIPLY_PARAMS, "min_digits": 3}, multiply_corpus, 24
-    ),
-    "spell_backward": Family(
-        "reasoning_gym:spell_backward",
-        SPELL_PARAMS,
-        {**SPELL_PARAMS, "min_level": 2},
-        question_answer_corpus,
-        20,
-    ),
-}
 BASE_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=128)
 # arms: which of the family's params ("all" buckets or the "hardest" alone) and the [curriculum] section
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -143,10 +81,6 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {
         {"kind": "adaptive", "strategy": "learnability", "dynamic_sampling": True, "refill_budget": 1.0},
     ),
 }
-
-
-def buckets_of(family: Family) -> list[str]:
-    return get_task(family.task, **family.params).buckets()  # type: ignore[attr-defined]
 
 
 class BucketView:
@@ -467,7 +401,7 @@ def main() -> None:
         "--max-new-tokens",
         type=int,
         default=0,
-        help="0: the family's (countdown 32, multiply 24, spell_backward 20)",
+        help="0: the family's (countdown 32, multiply 24, countdown_set 48, spell_backward 20)",
     )
     ap.add_argument("--eval-problems", type=int, default=200, help="held-out problems per bucket")
     ap.add_argument(

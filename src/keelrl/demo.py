@@ -44,15 +44,22 @@ def corpus_text(task: Countdown, index: int, seed: int, split: str = "train") ->
     """One pretraining example (compact template) for problem `index` of `split` (see the module docstring;
     the test split's lines measure a pretraining ladder's held-out loss)."""
     problem = task.problem(split, index)
-    rng = random.Random(stable_hash("corpus", seed, index))
-    numbers = sorted(problem["numbers"], reverse=True)
+    line, answer = target_blind_example(
+        task, problem["numbers"], random.Random(stable_hash("corpus", seed, index))
+    )
+    return f"{line}\n<answer>{answer}</answer>"
+
+
+def target_blind_example(task: Countdown, numbers: list[int], rng: random.Random) -> tuple[str, str]:
+    """A compact prompt line for `numbers` with a random reachable target, and an answer that ignores the
+    target: the numbers (largest first) joined by random operations (`in_order_expression`)."""
+    numbers = sorted(numbers, reverse=True)
     while True:
         target = random_expression(numbers, rng)
         if target is not None and task.params.min_target <= target[1] <= task.params.max_target:
             break
     answer = in_order_expression(numbers, rng)
-    prompt = task.prompt({"numbers": numbers, "target": target[1]}, "compact")
-    return f"{prompt.user}\n{prompt.assistant_prefix}<answer>{answer}</answer>"
+    return task.prompt({"numbers": numbers, "target": target[1]}, "compact").user, answer
 
 
 def in_order_expression(numbers: list[int], rng: random.Random) -> str:

@@ -21,6 +21,7 @@ def test_every_registered_name_builds_its_task() -> None:
         "code",
         "mixture",
         "countdown_search",
+        "countdown_set",
         "countdown_tools",
         "code_feedback",
         "swe_mini",
