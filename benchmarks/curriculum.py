@@ -1,10 +1,10 @@
 """Curriculum vs uniform vs fixed-hard: the same base model, the same RL budget, several seeds. Prints JSON.
 
-    python benchmarks/curriculum.py [--family countdown|multiply|countdown_set|spell_backward] [--base-model DIR] [--seeds 3] [--steps 100]
-                                    [--eval-every 10] [--hard-gain 0.05] [--jobs 3] [--quick] [--out FILE]
+    python benchmarks/curriculum.py [--family FAMILY] [--base-model DIR] [--seeds 3] [--steps 100] [--eval-every 10]
+                                    [--hard-gain 0.05] [--jobs 3] [--quick] [--out FILE]
 
-Families (`FAMILIES`; buckets easiest first, the last is the hardest; a ~1M-parameter character model, compact
-template, answer only, so every arm runs on a CPU):
+Families (benchmarks/curriculum_families.py; buckets easiest first, the last is the hardest; a ~1M-parameter
+character model, compact template, answers only but for one scratchpad, so every arm runs on a CPU):
 - countdown: `keelrl demo`'s Countdown (numbers 1..50, targets up to 2500) in buckets n2, n3, n4 (how many
   numbers). Base: keelrl.demo's corpus (`corpus_text`: the format, answers not solutions).
 - multiply: products in buckets 1x1, 2x1, 3x1 (digits of each factor). Base: 800 steps on correct products of
@@ -12,6 +12,8 @@ template, answer only, so every arm runs on a CPU):
 - countdown_set: the demo's two-number Countdown, 1 to 4 problems per prompt, paid only when all are solved
   (tasks/countdown_set.py), buckets x1-x4: one skill, a set of k solved with about the k-th power of one
   problem's rate. Base: keelrl.demo's corpus per problem (`countdown_set_corpus`): about chance per problem.
+  countdown_set_restated: the same task, the base taught to restate each problem's line with its equation before
+  the answer block (a scratchpad; 128 new tokens, a 256-position model).
 - spell_backward: reasoning-gym's spell_backward, levels L0-L2 (words of 3, 5, 7 letters; the hardest alone by
   the adapter's min_level). Base: questions with their reference answers (`question_answer_corpus`); 420 steps
   leave greedy 0.65 / 0.19 / 0.005 (docs/curriculum.md).
@@ -71,6 +73,13 @@ from keelrl.tasks import Prompt, Score, Task, get_task
 from keelrl.trainer import train
 
 BASE_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=128)
+
+
+def base_model_config(family: str) -> TinyModelConfig:
+    """BASE_MODEL with the family's context length."""
+    return BASE_MODEL.model_copy(update={"max_positions": FAMILIES[family].max_positions})
+
+
 # arms: which of the family's params ("all" buckets or the "hardest" alone) and the [curriculum] section
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "curriculum": ("all", {"kind": "adaptive", "strategy": "learnability"}),
@@ -110,7 +119,7 @@ def pretrain_base(
     task = get_task(fam.task, **fam.params)
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(
-        TinyModelConfig(**{**BASE_MODEL.model_dump(), "init_seed": seed}),
+        base_model_config(family).model_copy(update={"init_seed": seed}),
         len(tokenizer),
         tokenizer.eos_token_id,
     )
@@ -127,7 +136,7 @@ def pretrain_base(
         "final_loss": result.final_loss,
         "seconds": result.seconds,
         "task_params": fam.params,
-        "model": BASE_MODEL.model_dump(),
+        "model": base_model_config(family).model_dump(),
     }
     (out / "pretrain.json").write_text(json.dumps(info, indent=2))
     return info
@@ -143,7 +152,7 @@ def cached_base_matches(family: str, base: Path, steps: int) -> bool:
     return (
         info.get("task_params") == FAMILIES[family].params
         and info.get("family", "countdown") == family
-        and info.get("model") == BASE_MODEL.model_dump()
+        and info.get("model") == base_model_config(family).model_dump()
         and info.get("steps") == steps
     )
 
@@ -401,7 +410,7 @@ def main() -> None:
         "--max-new-tokens",
         type=int,
         default=0,
-        help="0: the family's (countdown 32, multiply 24, countdown_set 48, spell_backward 20)",
+        help="0: the family's (countdown 32, multiply 24, countdown_set 48 or 128 restated, spell_backward 20)",
     )
     ap.add_argument("--eval-problems", type=int, default=200, help="held-out problems per bucket")
     ap.add_argument(

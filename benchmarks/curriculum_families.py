@@ -50,12 +50,28 @@ def countdown_set_corpus(task: Any, index: int, seed: int) -> str:
     """One pretraining line of the countdown_set family: a training set of each size in turn, every problem
     with a random target and a target-blind answer (keelrl.demo's corpus, per problem): the format, not the
     skill, so the base solves a problem at about chance (1/3) and a set of k at about chance^k."""
+    pairs = set_examples(task, index, seed)
+    lines, answers = zip(*pairs, strict=True)
+    return "\n".join(lines) + f"\n<answer>{';'.join(answers)}</answer>"
+
+
+def set_examples(task: Any, index: int, seed: int) -> list[tuple[str, str]]:
+    """The makings of corpus line `index`: a training set of each size in turn, as (prompt line, target-blind
+    equation) per problem."""
     buckets = task.buckets()
     problem = task.problem_in(buckets[index % len(buckets)], "train", index // len(buckets))
     rng = random.Random(stable_hash("countdown_set_corpus", seed, index))
-    pairs = [target_blind_example(task.items, item["numbers"], rng) for item in problem["items"]]
+    return [target_blind_example(task.items, item["numbers"], rng) for item in problem["items"]]
+
+
+def countdown_set_restated_corpus(task: Any, index: int, seed: int) -> str:
+    """`countdown_set_corpus` with a scratchpad: before the answer block, each problem's line again with its
+    equation (`8 7 -> 15 = 8-7`), so the equation is chosen right after its own target on every rung, as on x1.
+    The task still scores only the answer block; the lines are the base model's habit, not a rule."""
+    pairs = set_examples(task, index, seed)
     lines, answers = zip(*pairs, strict=True)
-    return "\n".join(lines) + f"\n<answer>{';'.join(answers)}</answer>"
+    worked = "".join(f"{line} = {answer}\n" for line, answer in pairs)
+    return "\n".join(lines) + f"\n{worked}<answer>{';'.join(answers)}</answer>"
 
 
 # reasoning-gym's spell_backward, L0-L2: words of 3, 5 and 7 letters
@@ -80,6 +96,7 @@ class Family:
     hard_params: dict[str, Any]
     corpus: Callable[[Any, int, int], str]
     max_new_tokens: int
+    max_positions: int = 128  # the base model's context (prompt and answer)
 
 
 FAMILIES: dict[str, Family] = {
@@ -99,6 +116,14 @@ FAMILIES: dict[str, Family] = {
         {**COUNTDOWN_SET_PARAMS, "min_problems": 4},
         countdown_set_corpus,
         48,
+    ),
+    "countdown_set_restated": Family(
+        "countdown_set",
+        COUNTDOWN_SET_PARAMS,
+        {**COUNTDOWN_SET_PARAMS, "min_problems": 4},
+        countdown_set_restated_corpus,
+        128,
+        max_positions=256,
     ),
     "spell_backward": Family(
         "reasoning_gym:spell_backward",

@@ -137,6 +137,7 @@ def test_report_shows_the_curriculum(runs: tuple[Path, Path]) -> None:
         ("countdown", ["n2", "n3", "n4"]),
         ("multiply", ["1x1", "2x1", "3x1"]),
         ("countdown_set", ["x1", "x2", "x3", "x4"]),
+        ("countdown_set_restated", ["x1", "x2", "x3", "x4"]),
         ("spell_backward", ["L0", "L1", "L2"]),
     ],
 )
