@@ -8,7 +8,8 @@ curriculum benchmark uses to ask whether choosing the rung speeds learning (docs
 Problem: `{"items": [{"numbers": [...], "target": int}, ...]}`; each item is a problem of the Countdown task
 with the same parameters and seed (tasks/countdown.py), so every item of a test set comes from Countdown's
 test split (split by number multiset) and train and test stay disjoint. Buckets `x{min_problems}` ..
-`x{max_problems}` (problems per set); the bucket's k-th set holds Countdown problems k*max_problems + j.
+`x{max_problems}` (problems per set); set i of bucket xk holds Countdown problems i*max_problems + j, j < k
+(so sets of different sizes with the same index share their first problems).
 Answer: the equations in the problems' order, separated by ';', in one `<answer>` block
 (`<answer>37*12;20-5</answer>`). Reward: 1.0 when every equation reaches its target (Countdown's exact
 checker, each number once); 0.1 for an answer block that is not (wrong count, invalid or wrong equation);
@@ -95,9 +96,8 @@ class CountdownSet:
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         items = problem["items"]
         answer = last_answer(completion)
-        if answer is None and completion.startswith(
-            ANSWER_PREFIX
-        ):  # an answer left open at the end of its line
+        opened = completion.startswith(ANSWER_PREFIX)  # an answer left open at the end of its line counts
+        if answer is None and opened:
             answer = completion[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
         if answer is None:
             return Score(0.0, False, {"formatted": False, "reason": "no_answer", "items_correct": 0})
