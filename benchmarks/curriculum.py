@@ -14,6 +14,11 @@ character model, compact template, answers only but for one scratchpad, so every
   problem's rate. Base: keelrl.demo's corpus per problem (`countdown_set_corpus`): about chance per problem.
   countdown_set_restated: the same task, the base taught to restate each problem's line with its equation before
   the answer block (a scratchpad; 128 new tokens, a 256-position model).
+- cipher: words of 1 to 4 letters encoded with a secret substitution key the model is never shown
+  (tasks/cipher.py), buckets len1-len4, all-or-nothing: 26 small facts that compose, learnt from reward alone.
+  Base: every letter replaced by one of five candidates, the key's image among them (`cipher_corpus`): the
+  format and where each substitute goes, about 1/5 per letter; pretrained in two stages (2000 steps at lr 3e-3,
+  2000 at 1e-3).
 - spell_backward: reasoning-gym's spell_backward, levels L0-L2 (words of 3, 5, 7 letters; the hardest alone by
   the adapter's min_level). Base: questions with their reference answers (`question_answer_corpus`); 420 steps
   leave greedy 0.65 / 0.19 / 0.005 (docs/curriculum.md).
@@ -111,10 +116,14 @@ class BucketView:
         return self.bucket
 
 
+STAGE_LINES = 10_000_000  # corpus lines per pretraining stage: stage k reads lines k*STAGE_LINES onwards
+
+
 def pretrain_base(
-    family: str, out: Path, steps: int, batch_size: int, lr: float, seed: int
+    family: str, out: Path, stages: tuple[tuple[int, float], ...], batch_size: int, seed: int
 ) -> dict[str, Any]:
-    """Pretrain the benchmark's base model on the family's corpus over every bucket; save an HF dir."""
+    """Pretrain the benchmark's base model on the family's corpus over every bucket, in `stages` of (steps,
+    peak lr) with a fresh schedule each (stage k: pretraining seed + k, new corpus lines); save an HF dir."""
     fam = FAMILIES[family]
     task = get_task(fam.task, **fam.params)
     tokenizer = build_char_tokenizer()
@@ -123,18 +132,21 @@ def pretrain_base(
         len(tokenizer),
         tokenizer.eos_token_id,
     )
-    result = pretrain(model, tokenizer, lambda i: fam.corpus(task, i, seed), steps, batch_size, lr, seed)
+    results = []
+    for k, (steps, lr) in enumerate(stages):
+        lines = lambda i, k=k: fam.corpus(task, i + k * STAGE_LINES, seed)  # noqa: E731
+        results.append(pretrain(model, tokenizer, lines, steps, batch_size, lr, seed + k))
     save_hf_dir(model, tokenizer, out)
     info = {
         "pretrained_by": f"benchmarks/curriculum.py: keelrl.demo.pretrain on {fam.corpus.__name__}, every bucket",
         "family": family,
-        "steps": steps,
+        "steps": sum(steps for steps, _ in stages),
+        "stages": [list(stage) for stage in stages],
         "batch_size": batch_size,
-        "lr": lr,
         "seed": seed,
-        "tokens": result.tokens,
-        "final_loss": result.final_loss,
-        "seconds": result.seconds,
+        "tokens": sum(r.tokens for r in results),
+        "final_loss": results[-1].final_loss,
+        "seconds": sum(r.seconds for r in results),
         "task_params": fam.params,
         "model": base_model_config(family).model_dump(),
     }
@@ -142,9 +154,9 @@ def pretrain_base(
     return info
 
 
-def cached_base_matches(family: str, base: Path, steps: int) -> bool:
-    """Whether `base` holds a base pretrained by this script with today's task, model and step count (a
-    cache from an older version of the benchmark, e.g. another number range, is pretrained again)."""
+def cached_base_matches(family: str, base: Path, stages: tuple[tuple[int, float], ...]) -> bool:
+    """Whether `base` holds a base pretrained by this script with today's task, model and stages (a cache
+    from an older version of the benchmark, e.g. another number range, is pretrained again)."""
     try:
         info = json.loads((base / "pretrain.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -153,7 +165,7 @@ def cached_base_matches(family: str, base: Path, steps: int) -> bool:
         info.get("task_params") == FAMILIES[family].params
         and info.get("family", "countdown") == family
         and info.get("model") == base_model_config(family).model_dump()
-        and info.get("steps") == steps
+        and info.get("stages", [[info.get("steps"), info.get("lr")]]) == [list(stage) for stage in stages]
     )
 
 
@@ -410,11 +422,16 @@ def main() -> None:
         "--max-new-tokens",
         type=int,
         default=0,
-        help="0: the family's (countdown 32, multiply 24, countdown_set 48 or 128 restated, spell_backward 20)",
+        help="0: the family's (countdown 32, multiply 24, countdown_set 48 or 128 restated, cipher 24, "
+        "spell_backward 20)",
     )
     ap.add_argument("--eval-problems", type=int, default=200, help="held-out problems per bucket")
     ap.add_argument(
-        "--pretrain-steps", type=int, default=800, help="when pretraining the base (keelrl demo's)"
+        "--pretrain-steps",
+        type=int,
+        default=None,
+        help="pretrain the base for this many steps at lr 3e-3 (default: the family's stages; keelrl demo's "
+        "800 steps, cipher 2000 + 2000 at lr 1e-3)",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
     ap.add_argument("--jobs", type=int, default=3, help="runs trained at the same time (processes)")
@@ -429,6 +446,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     fam = FAMILIES[a.family]
     a.max_new_tokens = a.max_new_tokens or fam.max_new_tokens
+    stages = fam.pretrain_stages if a.pretrain_steps is None else ((a.pretrain_steps, 3e-3),)
     arms = a.arms.split(",") + (["curriculum_dynamic"] if a.dynamic else [])
     unknown = [x for x in arms if x not in ARMS]
     if unknown:
@@ -442,10 +460,10 @@ def main() -> None:
             base_info.update(json.loads((base / "pretrain.json").read_text()))
     else:
         base = a.work / (f"base_{a.family}" + ("_quick" if a.quick else ""))
-        if not cached_base_matches(a.family, base, a.pretrain_steps):
-            print(f"pretraining a base model into {base} ({a.pretrain_steps} steps)", file=sys.stderr)
+        if not cached_base_matches(a.family, base, stages):
+            print(f"pretraining a base model into {base} ({stages} (steps, lr))", file=sys.stderr)
             shutil.rmtree(base, ignore_errors=True)
-            pretrain_base(a.family, base, a.pretrain_steps, 64, 3e-3, 0)
+            pretrain_base(a.family, base, stages, 64, 0)
         base_info = (
             json.loads((base / "pretrain.json").read_text()) if (base / "pretrain.json").exists() else {}
         )

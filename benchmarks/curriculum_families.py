@@ -14,6 +14,7 @@ from typing import Any
 from keelrl.demo import corpus_text, target_blind_example
 from keelrl.seeds import stable_hash
 from keelrl.tasks import get_task
+from keelrl.tasks.cipher import ALPHABET
 
 COUNTDOWN_PARAMS: dict[str, Any] = {  # keelrl demo's task (numbers 1..50), over 2, 3 and 4 numbers
     "min_numbers": 2,
@@ -74,6 +75,33 @@ def countdown_set_restated_corpus(task: Any, index: int, seed: int) -> str:
     return "\n".join(lines) + f"\n{worked}<answer>{';'.join(answers)}</answer>"
 
 
+# a secret substitution key, words of 1 to 4 letters (tasks/cipher.py)
+CIPHER_PARAMS: dict[str, Any] = {"min_length": 1, "max_length": 4}
+CIPHER_CANDIDATES = 5  # letters the base considers for each letter's substitute, the right one among them
+
+
+def cipher_corpus(task: Any, index: int, seed: int) -> str:
+    """One pretraining line of the cipher family: a training word of each length in turn, every letter
+    replaced by one of CIPHER_CANDIDATES letters drawn at random (`key_candidates`; the key's image is one of
+    them). The base learns the format and where each letter's substitute goes, and narrows each substitute
+    to five letters without knowing which: about 1/5 per letter, (1/5)^k per word of k letters."""
+    buckets = task.buckets()
+    word = task.problem_in(buckets[index % len(buckets)], "train", index // len(buckets))["word"]
+    candidates = key_candidates(task, seed)
+    rng = random.Random(stable_hash("cipher_corpus", seed, index))
+    return f"{word} ->\n<answer>{''.join(rng.choice(candidates[c]) for c in word)}</answer>"
+
+
+def key_candidates(task: Any, seed: int) -> dict[str, list[str]]:
+    """Per letter, the key's image and CIPHER_CANDIDATES - 1 other letters (drawn once per seed)."""
+    out = {}
+    for letter, image in task.key.items():
+        others = [c for c in ALPHABET if c != image]
+        rng = random.Random(stable_hash("cipher_candidates", seed, letter))
+        out[letter] = [image, *rng.sample(others, CIPHER_CANDIDATES - 1)]
+    return out
+
+
 # reasoning-gym's spell_backward, L0-L2: words of 3, 5 and 7 letters
 SPELL_PARAMS: dict[str, Any] = {"max_level": 2}
 
@@ -97,6 +125,9 @@ class Family:
     corpus: Callable[[Any, int, int], str]
     max_new_tokens: int
     max_positions: int = 128  # the base model's context (prompt and answer)
+    # the base's pretraining: (steps, peak lr) per stage, each a fresh cosine schedule on new corpus lines;
+    # keelrl demo's one stage unless the family's base needs longer to learn its format
+    pretrain_stages: tuple[tuple[int, float], ...] = ((800, 3e-3),)
 
 
 FAMILIES: dict[str, Family] = {
@@ -124,6 +155,15 @@ FAMILIES: dict[str, Family] = {
         countdown_set_restated_corpus,
         128,
         max_positions=256,
+    ),
+    "cipher": Family(
+        "cipher",
+        CIPHER_PARAMS,
+        {**CIPHER_PARAMS, "min_length": 4},
+        cipher_corpus,
+        24,
+        # one stage of 2000 steps left 40% of its sampled len4 letters outside their candidates
+        pretrain_stages=((2000, 3e-3), (2000, 1e-3)),
     ),
     "spell_backward": Family(
         "reasoning_gym:spell_backward",

@@ -138,6 +138,7 @@ def test_report_shows_the_curriculum(runs: tuple[Path, Path]) -> None:
         ("multiply", ["1x1", "2x1", "3x1"]),
         ("countdown_set", ["x1", "x2", "x3", "x4"]),
         ("countdown_set_restated", ["x1", "x2", "x3", "x4"]),
+        ("cipher", ["len1", "len2", "len3", "len4"]),
         ("spell_backward", ["L0", "L1", "L2"]),
     ],
 )

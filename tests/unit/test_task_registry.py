@@ -22,6 +22,7 @@ def test_every_registered_name_builds_its_task() -> None:
         "mixture",
         "countdown_search",
         "countdown_set",
+        "cipher",
         "countdown_tools",
         "code_feedback",
         "swe_mini",

@@ -49,6 +49,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "code": lambda **kw: _load("keelrl.tasks.code:CodeTask")(**kw),  # imports the sandbox only when used
     "mixture": lambda **kw: _load("keelrl.tasks.mixture:TaskMixture")(**kw),
     "countdown_set": lambda **kw: _load("keelrl.tasks.countdown_set:CountdownSet")(**kw),
+    "cipher": lambda **kw: _load("keelrl.tasks.cipher:Cipher")(**kw),
     "countdown_search": lambda **kw: _load("keelrl.tasks.countdown_search:CountdownSearch")(**kw),
     "countdown_tools": lambda **kw: _load("keelrl.tasks.countdown_tools:CountdownTools")(**kw),
     "code_feedback": lambda **kw: _load("keelrl.tasks.code_feedback:CodeFeedback")(**kw),
