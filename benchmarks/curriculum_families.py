@@ -6,6 +6,7 @@ so a ~1M-parameter character model runs every arm on a CPU (what each base learn
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any
 from keelrl.demo import corpus_text, target_blind_example
 from keelrl.seeds import stable_hash
 from keelrl.tasks import get_task
-from keelrl.tasks.cipher import ALPHABET
+from keelrl.tasks.cipher import ALPHABET, make_key
 
 COUNTDOWN_PARAMS: dict[str, Any] = {  # keelrl demo's task (numbers 1..50), over 2, 3 and 4 numbers
     "min_numbers": 2,
@@ -87,18 +88,20 @@ def cipher_corpus(task: Any, index: int, seed: int) -> str:
     to five letters without knowing which: about 1/5 per letter, (1/5)^k per word of k letters."""
     buckets = task.buckets()
     word = task.problem_in(buckets[index % len(buckets)], "train", index // len(buckets))["word"]
-    candidates = key_candidates(task, seed)
+    candidates = key_candidates(task.params.key_seed, seed)
     rng = random.Random(stable_hash("cipher_corpus", seed, index))
     return f"{word} ->\n<answer>{''.join(rng.choice(candidates[c]) for c in word)}</answer>"
 
 
-def key_candidates(task: Any, seed: int) -> dict[str, list[str]]:
-    """Per letter, the key's image and CIPHER_CANDIDATES - 1 other letters (drawn once per seed)."""
+@functools.cache
+def key_candidates(key_seed: int, seed: int) -> dict[str, tuple[str, ...]]:
+    """Per letter, the key's image and CIPHER_CANDIDATES - 1 other letters (drawn once per key and seed,
+    not per corpus line)."""
     out = {}
-    for letter, image in task.key.items():
+    for letter, image in make_key(key_seed).items():
         others = [c for c in ALPHABET if c != image]
         rng = random.Random(stable_hash("cipher_candidates", seed, letter))
-        out[letter] = [image, *rng.sample(others, CIPHER_CANDIDATES - 1)]
+        out[letter] = (image, *rng.sample(others, CIPHER_CANDIDATES - 1))
     return out
 
 

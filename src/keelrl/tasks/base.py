@@ -145,6 +145,7 @@ SYSTEM_CHAT = (
     "the user with the answer."
 )
 THINK_PREFIX = "Let me solve this step by step.\n<think>"
+ANSWER_PREFIX = "<answer>"  # the assistant turn's first words in answer-only templates
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

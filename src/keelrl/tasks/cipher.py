@@ -28,6 +28,7 @@ from pydantic import Field, model_validator
 
 from keelrl.seeds import stable_hash
 from keelrl.tasks.base import (
+    ANSWER_PREFIX,
     SYSTEM_BASE,
     SYSTEM_CHAT,
     Prompt,
@@ -41,7 +42,6 @@ from keelrl.tasks.base import (
 )
 
 ALPHABET = string.ascii_lowercase
-ANSWER_PREFIX = "<answer>"
 USER_TEXT = (
     "Encode the word '{word}' with the secret substitution cipher: every letter becomes one fixed other letter, "
     "the same for every word (you are not told the key; learn it). Write only the encoded word in <answer> "

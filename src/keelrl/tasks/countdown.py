@@ -31,6 +31,7 @@ from pydantic import Field, model_validator
 
 from keelrl.seeds import stable_hash
 from keelrl.tasks.base import (
+    ANSWER_PREFIX,
     SYSTEM_BASE,
     SYSTEM_CHAT,
     THINK_PREFIX,
@@ -58,7 +59,6 @@ USER_TEXT_ANSWER_ONLY = (
     "operations (+, -, *, /) and each number exactly once. Write only the equation in <answer> </answer> tags, "
     "like <answer> a + b </answer>."
 )  # a concrete worked example gets copied verbatim by small models (measured with SmolLM2-135M)
-ANSWER_PREFIX = "<answer>"
 
 
 class CountdownParams(TaskParams):

@@ -25,6 +25,7 @@ from pydantic import Field, model_validator
 
 from keelrl.seeds import stable_hash
 from keelrl.tasks.base import (
+    ANSWER_PREFIX,
     SYSTEM_BASE,
     SYSTEM_CHAT,
     Prompt,
@@ -34,7 +35,7 @@ from keelrl.tasks.base import (
     last_answer,
     unknown_bucket,
 )
-from keelrl.tasks.countdown import ANSWER_PREFIX, Countdown, CountdownParams, score_countdown, solve
+from keelrl.tasks.countdown import Countdown, CountdownParams, score_countdown, solve
 
 SEPARATOR = ";"
 USER_TEXT = (

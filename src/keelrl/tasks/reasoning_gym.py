@@ -65,6 +65,7 @@ from pydantic import Field
 
 from keelrl.seeds import stable_hash
 from keelrl.tasks.base import (
+    ANSWER_PREFIX,
     SYSTEM_BASE,
     SYSTEM_CHAT,
     THINK_PREFIX,
@@ -81,7 +82,6 @@ from keelrl.tasks.base import (
 logger = logging.getLogger("keelrl.tasks.reasoning_gym")
 
 ALL = "all"
-ANSWER_PREFIX = "<answer>"
 USER_SUFFIX = (
     "\n\nShow your work in <think> </think> tags. And return the final answer in <answer> </answer> tags, "
     "with nothing else inside them."
