@@ -23,7 +23,7 @@ from keelrl.run import ResumeError, Run
 from keelrl.seeds import stable_hash
 from keelrl.state import TrainState
 from keelrl.supervisor import pulse
-from keelrl.tasks.base import score_safely
+from keelrl.tasks.base import STATUSES, score_safely
 from keelrl.tasks.env import EPISODE_ENDS
 
 
@@ -147,7 +147,7 @@ def curriculum_phase(
             groups,
             len(groups),
             draw,
-            lambda g: has_signal([r.reward for r in g]),
+            lambda g: has_signal([r.reward for r in g if r.status == "ok"]),
             refill_budget_prompts(cfg.curriculum.refill_budget, cfg.prompts_per_step, world.world_size),
             world.world_size,
             reduce_max=lambda x: int(max(all_gather_list([x], world))),
@@ -162,7 +162,15 @@ def curriculum_phase(
         out["curriculum/generated_samples"] = all_reduce_sum(len(generated) * G, world)
         if refill.stats.exhausted:
             report_exhausted(run, state, refill.stats)
-    local = [(g[0].problem, tuple(r.reward for r in g), tuple(r.correct for r in g)) for g in generated]
+    # the source learns from the samples that have a reward (status "ok") only
+    local = [
+        (
+            g[0].problem,
+            tuple(r.reward for r in g if r.status == "ok"),
+            tuple(r.correct for r in g if r.status == "ok"),
+        )
+        for g in generated
+    ]
     outcomes = [GroupOutcome(p, rw, c) for p, rw, c in all_gather_list(local, world)]
     run.source.observe(outcomes)
     out.update(run.source.metrics())
@@ -192,7 +200,9 @@ def report_exhausted(run: Run, state: TrainState, stats: Any) -> None:
 def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
     """Reward, accuracy, format and length statistics over the global batch (lengths count sampled tokens:
     a multi-turn episode's environment tokens are not the model's response); `episode_metrics` too for an
-    environment."""
+    environment. Reward, accuracy and format count the rollouts that have a reward (status "ok"); the others are
+    counted by status (`episode/verifier_errors`, `episode/agent_errors`, `episode/timeouts`) and
+    `episode/error_frac` is their share of the batch."""
     local = [
         (
             r.reward,
@@ -202,11 +212,15 @@ def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
             float(sum(r.trainable)),
             float(is_truncated(r.finish_reason)),
             float(is_repetitive([t for t, m in zip(r.completion_ids, r.trainable) if m])),
+            float(STATUSES.index(r.status)),
         )
         for r in rollouts
     ]
-    rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 6]
-    reward, correct, formatted, length, truncated, repetitive = rows.unbind(dim=1)
+    rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 7]
+    status = rows[:, 6]
+    scored = rows[status == 0] if bool((status == 0).any()) else rows  # [b, 7] the rollouts with a reward
+    reward, correct, formatted = scored[:, 0], scored[:, 1], scored[:, 2]
+    length, truncated, repetitive = rows[:, 3], rows[:, 4], rows[:, 5]
     return {
         "reward/mean": float(reward.mean()),
         "reward/std": float(reward.std(correction=0)),
@@ -217,6 +231,10 @@ def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
         "response_length/truncated_frac": float(truncated.mean()),
         "repetition/frac": float(repetitive.mean()),
         "tokens/generated": float(length.sum()),
+        "episode/verifier_errors": float((status == STATUSES.index("verifier_error")).sum()),
+        "episode/agent_errors": float((status == STATUSES.index("agent_error")).sum()),
+        "episode/timeouts": float((status == STATUSES.index("timeout")).sum()),
+        "episode/error_frac": float((status != 0).double().mean()),
         **(episode_metrics(run, rollouts) if run.prompter.multiturn else {}),
         **(learned_reward_metrics(run, rollouts) if run.reward_model is not None else {}),
     }

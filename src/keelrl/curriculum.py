@@ -378,8 +378,9 @@ def task_metrics(outcomes: Sequence[GroupOutcome]) -> dict[str, float]:
     total = sum(len(v) for v in by_task.values())
     for name, groups in sorted(by_task.items()):
         samples = [(r, c) for g in groups for r, c in zip(g.rewards, g.correct)]
-        out[f"task/{name}/accuracy"] = sum(c for _, c in samples) / len(samples)
-        out[f"task/{name}/reward/mean"] = sum(r for r, _ in samples) / len(samples)
+        n = max(len(samples), 1)  # the samples with a reward (none when every one of this task's failed)
+        out[f"task/{name}/accuracy"] = sum(c for _, c in samples) / n
+        out[f"task/{name}/reward/mean"] = sum(r for r, _ in samples) / n
         out[f"task/{name}/share"] = len(groups) / total
     return out
 

@@ -35,6 +35,7 @@ from keelrl.collect import (
 from keelrl.config import Config
 from keelrl.distributed import all_reduce_sum, broadcast_object, close_world
 from keelrl.evaluate import run_eval, score_errors, summarize
+from keelrl.guards.step import check_batch
 from keelrl.models import model_summary
 from keelrl.recovery import (
     collect_saves,
@@ -54,7 +55,7 @@ from keelrl.setup import ResumeMode, setup, shutdown_engines
 from keelrl.sft.step import held_out_loss, sft_step
 from keelrl.state import TrainState
 from keelrl.supervisor import install_heartbeat
-from keelrl.update import rl_update
+from keelrl.update import end_of_step, rl_update, skip_update
 
 __all__ = ["GuardStop", "ResumeError", "setup", "train", "train_step"]
 
@@ -149,7 +150,12 @@ def train_step(run: Run, state: TrainState) -> dict[str, float]:
     tc = time.perf_counter()
     run.heartbeat.beat(phase="update")
     metrics.update(rollout_metrics(run, rollouts))
-    metrics.update(rl_update(run, state, rollouts))
+    unscored = check_batch(run.live.history, state.step + 1, metrics, run.cfg.guards)
+    if unscored is None:
+        metrics.update(rl_update(run, state, rollouts))
+    else:  # most episodes have no reward: no update from them (guard_phase then acts, by default a stop)
+        skip_update(run, state, unscored)
+        metrics.update({"guard/skipped_updates": 1.0, **end_of_step(run, state)})
     metrics.update(async_metrics)
     t3 = time.perf_counter()
     return close_step(run, state, rollouts, metrics, (t0, t1, t2, tc, t3))

@@ -51,17 +51,18 @@ def advantage_phase(
     run: Run, state: TrainState, rollouts: list[Rollout], batch: TrainBatch
 ) -> tuple[dict[str, float], float]:
     """Advantages into the rollouts and `batch.advantages`: from the global batch's rewards (gathered on every
-    rank, each keeping its slice), or per token from the critic (`gae`: critic.py). Returns the estimator's
-    metrics and the mean |advantage| (the per-step guards scale their loss bound by it)."""
+    rank, each keeping its slice; rollouts without a reward are left out, `compute_advantages`' valid), or per
+    token from the critic (`gae`: critic.py). Returns the estimator's metrics and the mean |advantage| (the
+    per-step guards scale their loss bound by it)."""
     a = run.cfg.algo
     if a.advantage == "gae":
         assert state.critic is not None  # built by setup for gae
         mbs, autocast = run.cfg.train.micro_batch_size, run.cfg.train.autocast
         return critic_advantages(state.critic, batch, rollouts, a, run.world, mbs, autocast)
-    local = [r.reward for r in rollouts]
-    rewards = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)
+    local = [(r.reward, r.status == "ok") for r in rollouts]
+    rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 2]
     adv, metrics = compute_advantages(
-        rewards, run.cfg.rollout.group_size, a.advantage, a.std_eps, a.group_baseline
+        rows[:, 0], run.cfg.rollout.group_size, a.advantage, a.std_eps, a.group_baseline, rows[:, 1] > 0
     )
     offset = run.world.rank * len(rollouts)
     mine = adv[offset : offset + len(rollouts)]
@@ -74,7 +75,8 @@ def advantage_phase(
 @dataclass
 class TrainBatch:
     """Right-padded sequences (prompt + completion). target_mask[i, t] = 1 where position t predicts a
-    trainable completion token (from lengths, never from pad ids); per-token tensors align with it."""
+    trainable completion token (from lengths, never from pad ids; none for a rollout without a reward, whose
+    status is not "ok": it is in the batch but not trained on); per-token tensors align with it."""
 
     input_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, T]
@@ -124,7 +126,7 @@ def collate(rollouts: list[Rollout], pad_id: int, device: torch.device) -> Train
         P, C = len(r.prompt_ids), len(r.completion_ids)
         input_ids[i, : P + C] = torch.tensor(r.prompt_ids + r.completion_ids, dtype=torch.long)
         attn[i, : P + C] = 1
-        if C:
+        if C and r.status == "ok":
             target[i, P - 1 : P - 1 + C] = torch.tensor(r.trainable, dtype=torch.float32)
             slp[i, P - 1 : P - 1 + C] = torch.tensor(r.sample_logprobs, dtype=torch.float32)
     adv = torch.tensor([r.advantage for r in rollouts], dtype=torch.float32)
@@ -381,7 +383,7 @@ def minibatch_backward(
     module = as_logprob_module(policy)
     scale = loss_scale(world)
     g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
-    g_seqs = all_reduce_sum(float(len(idx)), world)
+    g_seqs = all_reduce_sum(float((batch.target_mask[idx].sum(dim=1) > 0).sum()), world)  # sequences trained on
     sums: dict[str, float] = {"ratio/max": 0.0}
     offpolicy: dict[str, float] = {}  # behaviour_sums when pi_prox comes from this forward
     mbs = list(micro_batches(batch, idx, micro_batch_size, group_prompts=share_prefix))

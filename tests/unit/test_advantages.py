@@ -44,3 +44,50 @@ def test_no_signal_fraction_and_shape_errors() -> None:
     assert no_signal_fraction(torch.tensor([1.0, 1, 0, 1, 0, 0]), 2) == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="groups of 3"):
         compute_advantages(torch.zeros(8), 3, "grpo")
+
+
+# Samples without a reward (status not "ok") are left out: a group's statistics are its valid members' alone.
+V = torch.tensor([True, True, True, False, True, False, True, True])
+RX = torch.tensor([1.0, 0.0, 0.0, 9.0, 0.0, 9.0, 1.0, 1.0])  # the 9s are left out: they must not matter
+
+
+def test_grpo_leaves_out_invalid_samples() -> None:
+    # group 1's valid members 1, 0, 0: mean 1/3, sample std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3)
+    adv, m = compute_advantages(RX, 4, "grpo", std_eps=0.0, valid=V)
+    s = (1 / 3) ** 0.5
+    expected = [(2 / 3) / s, -(1 / 3) / s, -(1 / 3) / s, 0.0]
+    assert torch.allclose(adv[:4], torch.tensor(expected), atol=1e-6)
+    # group 2's valid members 0, 1, 1: mean 2/3, the same std
+    assert torch.allclose(adv[4:], torch.tensor([-(2 / 3) / s, 0.0, (1 / 3) / s, (1 / 3) / s]), atol=1e-6)
+    assert m["groups/no_signal_frac"] == 0.0
+    assert m["advantage/abs_mean"] == pytest.approx(float(adv[V].abs().mean()), rel=1e-6)  # over valid ones
+    # the same numbers as the estimator on the valid members alone, as groups of 3
+    alone, _ = compute_advantages(torch.tensor([1.0, 0, 0, 0, 1, 1]), 3, "grpo", std_eps=0.0)
+    assert torch.allclose(adv[V], alone, atol=1e-6)
+
+
+def test_dr_grpo_and_rloo_leave_out_invalid_samples() -> None:
+    adv, _ = compute_advantages(RX, 4, "dr_grpo", valid=V)
+    assert torch.allclose(adv, torch.tensor([2 / 3, -1 / 3, -1 / 3, 0, -2 / 3, 0, 1 / 3, 1 / 3]), atol=1e-6)
+    adv, _ = compute_advantages(RX, 4, "rloo", valid=V)
+    # r_i - mean of the other two valid rewards
+    assert torch.allclose(adv[:4], torch.tensor([1.0, -0.5, -0.5, 0.0]), atol=1e-6)
+    # a group with one valid member has no baseline: advantage 0, and no signal
+    one = torch.tensor([True, False, False, False, True, True, True, True])
+    adv, m = compute_advantages(RX, 4, "rloo", valid=one)
+    assert torch.equal(adv[:4], torch.zeros(4))
+    assert m["groups/no_signal_frac"] == 0.5
+
+
+def test_reinforce_pp_whitens_over_valid_samples_only() -> None:
+    adv, _ = compute_advantages(RX, 4, "reinforce_pp", std_eps=0.0, group_baseline=False, valid=V)
+    x = RX[V]  # [1, 0, 0, 0, 1, 1]: mean 0.5, population std 0.5
+    assert torch.allclose(adv[V], (x - 0.5) / 0.5, atol=1e-6)
+    assert torch.equal(adv[~V], torch.zeros(2))
+
+
+def test_no_valid_sample_gives_zero_advantages() -> None:
+    none = torch.zeros(8, dtype=torch.bool)
+    for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp"):
+        adv, m = compute_advantages(RX, 4, name, valid=none)
+        assert torch.equal(adv, torch.zeros(8)) and m["groups/no_signal_frac"] == 1.0

@@ -3,7 +3,8 @@
 Sample j of problem i is drawn with the seed `stable_hash("eval", seed, i, j)`, and the sampler's randomness
 is per row, so an eval is a pure function of (model, problems, settings, seed), whatever the batch size. Two
 models evaluated with the same seed share their random numbers, which makes paired comparisons sharper. A
-checker that raises scores that sample 0 and its error is kept (`score_errors`), as in training.
+sample without a reward (a checker that raised, a verifier that could not judge) counts as not correct and its
+error is kept (`score_errors`); training leaves such samples out.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import numpy as np
 
 from keelrl.rollout.types import is_truncated
 from keelrl.seeds import stable_hash
-from keelrl.tasks.env import ERROR_REASONS
 
 if TYPE_CHECKING:  # torch and transformers load only when a model is evaluated
     from transformers import PreTrainedTokenizerBase
@@ -39,7 +39,8 @@ class ProblemResult:
     truncated: list[bool] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)  # extracted answer per sample (None: no answer)
-    # per sample: the checker's error when it raised (the sample then scored 0), else None
+    # per sample: why it has no reward (a checker that raised, a verifier that could not judge: it then counts as
+    # not correct), else None
     score_errors: list[str | None] = field(default_factory=list)
     # multi-turn environments only (empty for single-turn tasks): per sample
     turns: list[int] = field(default_factory=list)
@@ -59,8 +60,7 @@ class ProblemResult:
         self.truncated.append(is_truncated(rollout.finish_reason))
         self.lengths.append(sum(rollout.trainable))  # the model's tokens (an environment's are context)
         self.answers.append(extracted_answer(info, text, formatted))
-        errored = info.get("reason") in ERROR_REASONS
-        self.score_errors.append(info["error"] if errored else None)
+        self.score_errors.append(str(info.get("error", rollout.status)) if rollout.status != "ok" else None)
         if "turns" in info:
             self.turns.append(int(info["turns"]))
             self.tool_calls.append(int(info.get("tool_calls", 0)))

@@ -10,7 +10,23 @@ from collections.abc import Sequence
 
 from keelrl.guards.base import Finding, Record, finding
 from keelrl.guards.rules import GuardsConfig
+from keelrl.guards.rules.episode import unscored_episodes
 from keelrl.guards.rules.numerics import grad_spike, loss_spike, nonfinite, ratio_outlier
+
+
+def check_batch(history: Sequence[Record], step: int, metrics: Record, cfg: GuardsConfig) -> Finding | None:
+    """Judged on a scored batch before its update: a finding when the update must not be made, because most of
+    the batch's episodes have no reward (`unscored_episodes`, any action but warn) or none has one (always)."""
+    found = None
+    if cfg.enabled and cfg.unscored_episodes.enabled:
+        found = unscored_episodes([*history, {"step": step, **metrics}], cfg.unscored_episodes)
+    if found is not None and found.action != "warn":
+        return found
+    if metrics.get("episode/error_frac") == 1.0:
+        return found or unscored_episodes(
+            [{"step": step, **metrics}], cfg.unscored_episodes.model_copy(update={"max_frac": 0.0})
+        )
+    return None
 
 
 def check_update(

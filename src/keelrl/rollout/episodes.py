@@ -114,7 +114,7 @@ def generate(
 
 
 def score(task: Task, rollouts: Sequence[Rollout], score_fn: ScoreFn | None = None) -> list[str]:
-    """Score each rollout's assistant prefix + completion in place; returns the checker errors (scored 0).
+    """Score each rollout's assistant prefix + completion in place; returns the checker errors (no reward).
     An environment's episodes were scored as they ended: returns the errors its `step` or `finish` raised."""
     if is_environment(task):
         return episode_errors(rollouts)
@@ -122,7 +122,7 @@ def score(task: Task, rollouts: Sequence[Rollout], score_fn: ScoreFn | None = No
     texts = [r.prefix + r.text for r in rollouts]
     scores, errors = (score_fn or (lambda p, t: score_safely(task, p, t)))(problems, texts)
     for r, s in zip(rollouts, scores):
-        r.reward, r.correct, r.info = s.reward, s.correct, dict(s.info)
+        r.reward, r.correct, r.info, r.status = s.reward, s.correct, dict(s.info), s.status
     return errors
 
 

@@ -21,9 +21,9 @@ Budgets, and the end reason each records (`Rollout.finish_reason`):
 Every ending except "done" counts as truncated (`is_truncated`: the truncation guard's metric). A turn cut
 by a budget is not passed to `step`, but it is in `state.messages` when `finish` scores the episode.
 
-An environment whose `step` raises ends that episode (reason "done", reward 0, `info["reason"] =
-"env_error"`), and `finish` raising scores it 0 (`score_error`); both are returned as errors, like a checker
-that raises, and never stop the batch.
+An environment whose `step` raises ends that episode (reason "done", status "agent_error", `info["reason"] =
+"env_error"`), and `finish` raising makes it a "verifier_error" (`score_error`): neither has a reward, both are
+left out of the advantages and returned as errors, like a checker that raises, and never stop the batch.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 from keelrl.config import EpisodeConfig
 from keelrl.rollout.types import Rollout, Sampler, SamplingSettings
 from keelrl.seeds import stable_hash
-from keelrl.tasks.base import Score
-from keelrl.tasks.env import ERROR_REASONS, EpisodeEnd, EpisodeState, advance, episode_score
+from keelrl.tasks.base import Score, unscored
+from keelrl.tasks.env import EpisodeEnd, EpisodeState, advance, episode_score
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
@@ -112,8 +112,9 @@ def run_multiturn(
 
 
 def episode_errors(rollouts: Sequence[Rollout]) -> list[str]:
-    """The errors an environment raised (`step`, `finish`) in these episodes, in order; each scored its episode 0."""
-    return [r.info["error"] for r in rollouts if r.info.get("reason") in ERROR_REASONS]
+    """Why each episode without a reward has none (`step` or `finish` raised, a verifier that could not judge), in
+order."""
+    return [str(r.info.get("error", r.status)) for r in rollouts if r.status != "ok"]
 
 
 def _start(env: Any, fmt: ChatFormat, e: Episode) -> _Live:
@@ -179,11 +180,11 @@ def _env_step(env: Any, fmt: ChatFormat, x: _Live, limits: EpisodeConfig) -> Non
 def _finish(env: Any, x: _Live) -> Score:
     try:
         if x.error is not None:
-            return Score(0.0, False, {"formatted": False, "reason": "env_error", "error": x.error})
+            return unscored("agent_error", "env_error", x.error)
         return episode_score(env, x.state)
-    except Exception as err:  # a scorer that raises: 0 for this episode, as for single-turn checkers
+    except Exception as err:  # a scorer that raises: no reward for this episode, as for single-turn checkers
         x.error = f"{type(err).__name__}: {err}"[:300]
-        return Score(0.0, False, {"formatted": False, "reason": "score_error", "error": x.error})
+        return unscored("verifier_error", "score_error", x.error)
     finally:
         close = getattr(env, "close", None)
         if close is not None:
@@ -218,4 +219,5 @@ def _rollout(
         reward=score.reward,
         correct=score.correct,
         info=info,
+        status=score.status,
     )

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from keelrl.tasks.base import Status
+
 if TYPE_CHECKING:
     from keelrl.rollout.weights import NamedTensors
 
@@ -59,11 +61,12 @@ class Rollout:
     reward: float = 0.0
     correct: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    status: Status = "ok"  # "ok", or why the rollout has no reward (tasks/base.py): then it is not trained on
     advantage: float = 0.0
 
     def to_json(self, step: int) -> dict[str, Any]:
         """The record `rollouts.jsonl.gz` keeps: what was sampled and scored, without the token lists."""
-        kept = ("problem_index", "problem", "group", "text", "reward", "correct", "info", "finish_reason")
+        kept = ("problem_index", "problem", "group", "text", "reward", "correct", "info", "finish_reason", "status")
         return {
             "step": step,
             **{k: getattr(self, k) for k in kept},

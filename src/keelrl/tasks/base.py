@@ -17,17 +17,26 @@ from keelrl.seeds import stable_hash
 
 Split = Literal["train", "test"]
 Template = Literal["base", "chat", "compact"]
+# How an episode ended (DESIGN.md): only "ok" carries a reward into the advantages. verifier_error: the checker
+# could not judge (it raised, crashed, timed out, or wrote no usable reward); agent_error: the episode broke on the
+# agent's side for a reason not the model's (an environment's step raised, its container did not start);
+# timeout: the episode ran out of wall time. A verifier that cannot run is never a reward of 0 or 1.
+Status = Literal["ok", "verifier_error", "agent_error", "timeout"]
+STATUSES: tuple[Status, ...] = ("ok", "verifier_error", "agent_error", "timeout")
 
 
 @dataclass(frozen=True)
 class Score:
     """reward: what the policy is trained on (may include format credit).
     correct: strict accuracy, never mixed with shaping.
-    info: details; `formatted` (bool) says whether the answer was well-formed, `reason` names the outcome."""
+    info: details; `formatted` (bool) says whether the answer was well-formed, `reason` names the outcome.
+    status: "ok", or why there is no reward (`Status`): then reward and correct mean nothing and the sample is
+    left out of the advantages; info["error"] says what went wrong."""
 
     reward: float
     correct: bool
     info: dict[str, Any] = field(default_factory=dict)
+    status: Status = "ok"
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,8 @@ def score_safely(
     task: Task, problems: list[dict[str, Any]], completions: list[str], score: ScoreFn | None = None
 ) -> tuple[list[Score], list[str]]:
     """Score many completions without raising (the trainer's and the Ray scorers' one path): `score_batch`,
-    and if that raises (checkers are user code), each alone, one that raises scoring 0 (`score_error`).
+    and if that raises (checkers are user code), each alone; one that raises is a `verifier_error` (reason
+    `score_error`: no reward, left out of training).
     `score` (fault drills) replaces `task.score`, skipping the batch. Returns scores and errors in order."""
     if score is None:
         try:
@@ -117,10 +127,13 @@ def score_safely(
             scores.append(score(problem, completion))
         except Exception as err:
             errors.append(f"{type(err).__name__}: {err}"[:300])
-            scores.append(
-                Score(0.0, False, {"formatted": False, "reason": "score_error", "error": errors[-1]})
-            )
+            scores.append(unscored("verifier_error", "score_error", errors[-1]))
     return scores, errors
+
+
+def unscored(status: Status, reason: str, error: str) -> Score:
+    """The Score of a sample that has no reward (`status` is not "ok"); `error` says why, in a sentence."""
+    return Score(0.0, False, {"formatted": False, "reason": reason, "error": error}, status)
 
 
 class TaskParams(BaseModel):

@@ -38,9 +38,6 @@ from keelrl.tasks.base import Score, Split
 Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": str, ...}
 EpisodeEnd = Literal["done", "turns", "context", "length"]  # why an episode ended (rollout/multiturn.py)
 EPISODE_ENDS: tuple[EpisodeEnd, ...] = ("done", "turns", "context", "length")
-# Score.info["reason"] of a sample scored 0 because code raised: a checker or `finish` (score_error), `step`
-# (env_error); info["error"] then says what
-ERROR_REASONS = ("score_error", "env_error")
 
 
 @dataclass
@@ -152,6 +149,6 @@ def episode_score(env: object, state: EpisodeState) -> Score:
     finish = getattr(env, "finish", None)
     if finish is not None:
         final = finish(state)
-        return Score(shaping + final.reward, final.correct, dict(final.info))
+        return Score(shaping + final.reward, final.correct, dict(final.info), final.status)
     last = state.infos[-1] if state.infos else {}
     return Score(shaping, bool(last.get("correct", False)), {"formatted": bool(last.get("formatted", True))})

@@ -47,13 +47,14 @@ RULES: dict[str, RuleFn] = {
     "truncation_surge": policy.truncation_surge,
     "repetition": policy.repetition,
     "throughput_drop": process.throughput_drop,
+    "unscored_episodes": episode.unscored_episodes,
     "tool_error_surge": episode.tool_error_surge,
     "turn_budget": episode.turn_budget,
     "proposer_collapse": selfplay.proposer_collapse,
     "proposal_difficulty": selfplay.proposal_difficulty,
 }
 # Rules about one step: judged at every record when scanning (a windowed rule may be judged less often).
-POINTWISE = ("nonfinite", "grad_spike", "loss_spike", "exact_zero")
+POINTWISE = ("nonfinite", "grad_spike", "loss_spike", "exact_zero", "unscored_episodes")
 # Incidents the run can move past: `scan` reports a stretch of these that has ended one level lower.
 TRANSIENT = ("nonfinite", "grad_spike", "loss_spike", "throughput_drop")
 
@@ -104,6 +105,7 @@ class GuardsConfig(BaseModel):
     eval_regression: reward.EvalRegressionThresholds = section(reward.EvalRegressionThresholds)
     throughput_drop: process.ThroughputDropThresholds = section(process.ThroughputDropThresholds)
     stalled: process.StalledThresholds = section(process.StalledThresholds)
+    unscored_episodes: episode.UnscoredEpisodesThresholds = section(episode.UnscoredEpisodesThresholds)
     tool_error_surge: episode.ToolErrorSurgeThresholds = section(episode.ToolErrorSurgeThresholds)
     turn_budget: episode.TurnBudgetThresholds = section(episode.TurnBudgetThresholds)
     proposer_collapse: selfplay.ProposerCollapseThresholds = section(selfplay.ProposerCollapseThresholds)

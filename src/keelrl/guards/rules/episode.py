@@ -1,6 +1,8 @@
-"""Rules about multi-turn episodes (environments; the metrics exist only for them, so the rules stay silent
-on single-turn runs): tool calls failing more and more (`tool_error_surge`), and episodes that nearly all run
-out of turns (`turn_budget`). Neither number comes from a paper: they are judgment calls, said as such."""
+"""Rules about episodes: most of a step's episodes ending without a reward (`unscored_episodes`: a verifier or a
+reward function that cannot run; every task), and, for multi-turn episodes (environments; the metrics exist only
+for them, so these rules stay silent on single-turn runs), tool calls failing more and more
+(`tool_error_surge`) and episodes that nearly all run out of turns (`turn_budget`). None of the numbers comes
+from a paper: they are judgment calls, said as such."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from keelrl.guards.base import (
+    ACTION_DOC,
+    Action,
     Finding,
     Record,
     RuleThresholds,
@@ -19,6 +23,45 @@ from keelrl.guards.base import (
     start_and_now,
     tail,
 )
+
+
+class UnscoredEpisodesThresholds(RuleThresholds):
+    """Most of a step's episodes ended without a reward (episode/error_frac: verifier errors, agent errors and
+    timeouts over the batch); judged before the update, which is then not made."""
+
+    action: Action = Field("stop", description=ACTION_DOC)
+    # Judgment: a step whose episodes mostly could not be judged says more about the verifier (no network, a
+    # missing program, a reward function that raises) than about the policy, and learning from the few that
+    # could is learning from a biased sample.
+    max_frac: float = Field(
+        0.5,
+        ge=0.0,
+        lt=1.0,
+        description="Critical when more than this share of a step's episodes has no reward.",
+    )
+
+
+def unscored_episodes(history: Sequence[Record], t: UnscoredEpisodesThresholds) -> Finding | None:
+    cur = tail(history, "episode/error_frac", 1)
+    if not cur or (frac := cur[0][1]) <= t.max_frac:
+        return None
+    step = cur[0][0]
+    last = next(r for r in reversed(history) if r.get("step") == step)
+    counts = {
+        k: float(last.get(f"episode/{k}", 0.0)) for k in ("verifier_errors", "agent_errors", "timeouts")
+    }
+    said = ", ".join(f"{int(v)} {k.replace('_', ' ')}" for k, v in counts.items() if v)
+    return finding(
+        "unscored_episodes",
+        "critical",
+        (step, step),
+        {"error_frac": frac, **counts},
+        f"{frac:.0%} of step {step}'s episodes ended without a reward ({said}), so no update was made from them.",
+        "The errors are in events.jsonl (score_errors) and in rollouts.jsonl.gz (info.error). Run `keelrl tasks "
+        "check` on a task set, or call the reward function on one row by hand: a verifier that needs the network "
+        "or a program the sandbox lacks, or a reward function that raises, fails every episode alike.",
+        t.action,
+    )
 
 
 class ToolErrorSurgeThresholds(RuleThresholds):
