@@ -59,3 +59,19 @@ class HalfAnEnvironment:
 
     def reset(self, problem, seed):
         return [{"role": "user", "content": "hi"}]
+
+
+class NeedsLevel(Multiply):
+    """A constructor that fails as a user's typo does: a required argument task.params does not give."""
+
+    def __init__(self, seed: int = 0, *, level: int, **params) -> None:
+        super().__init__(seed=seed, **params)
+
+
+class NoTestSplit(Multiply):
+    """A task whose test split is empty (as a `dir:` set of two tasks can be): drawing from it raises."""
+
+    def problem(self, split, index):
+        if split == "test":
+            raise ValueError("the test split is empty (2 tasks, test_fraction 0.2)")
+        return super().problem(split, index)

@@ -26,9 +26,11 @@ def test_every_registered_name_builds_its_task() -> None:
         "countdown_tools",
         "code_feedback",
         "swe_mini",
+        "dataset",
     }
+    shipped = {"path": "configs/dataset/sums.jsonl", "reward": "configs/dataset/rewards.py:exact_match"}
     for name in TASKS:
-        params = {"tasks": [{"task": "multiply"}]} if name == "mixture" else {}
+        params = {"mixture": {"tasks": [{"task": "multiply"}]}, "dataset": shipped}.get(name, {})
         task = get_task(name, seed=3, **params)
         assert task.name == name and task.seed == 3
     assert isinstance(get_task("countdown"), Countdown)

@@ -172,7 +172,17 @@ def _bwrap(lim: SandboxLimits, python: str, hide: Sequence[str]) -> list[str]:
         *([] if _is_root() else ["--unshare-user"]),
         "--die-with-parent",
         "--new-session",
+        *bwrap_root(python, hide),
     ]
+    if _bwrap_supports_size():
+        args += ["--size", str(lim.tmp_mb << 20)]
+    return [*args, "--tmpfs", "/tmp", "--chdir", "/", "--"]
+
+
+def bwrap_root(python: str, hide: Sequence[str]) -> list[str]:
+    """bwrap's arguments for the sandbox's root (`root_layout`, read-only; a minimal /dev, a private /proc) with
+    the paths of `hide` covered; shared by the code sandbox and the episode boxes (sandbox/boxes.py)."""
+    args: list[str] = []
     layout = root_layout(python)
     for path, link in layout:
         parents = Path(path).parents
@@ -188,9 +198,7 @@ def _bwrap(lim: SandboxLimits, python: str, hide: Sequence[str]) -> list[str]:
             if os.path.isdir(path)
             else ["--ro-bind", "/dev/null", path]
         )
-    if _bwrap_supports_size():
-        args += ["--size", str(lim.tmp_mb << 20)]
-    return [*args, "--tmpfs", "/tmp", "--chdir", "/", "--"]
+    return args
 
 
 def _unshare(lim: SandboxLimits, python: str, hide: Sequence[str]) -> list[str]:
@@ -215,7 +223,7 @@ def lease_slot(level: IsolationLevel, python: str) -> tuple[_UidLease | None, st
     if not _is_root():
         return None, python
     if not _mapped_uid_range(UID_BASE, UID_BASE + UID_RANGE):
-        _warn_once(
+        warn_once(
             "uid-unmapped",
             f"sandbox: uids {UID_BASE}.. are not mapped in this user namespace, so model code runs as root: the "
             "process-count limit is not enforced for root (fork bombs are bounded only by the time limit).",
@@ -225,7 +233,7 @@ def lease_slot(level: IsolationLevel, python: str) -> tuple[_UidLease | None, st
         candidates = ("/usr/bin/python3", "/usr/local/bin/python3")
         fallback = next((p for p in candidates if _world_usable(p)), None)
         if fallback is None:
-            _warn_once(
+            warn_once(
                 "rlimit-root",
                 f"sandbox: {python} is not usable by an unprivileged user and no world-readable python3 "
                 "was found, so model code runs AS ROOT with resource limits only: it can write anywhere and "
@@ -248,12 +256,14 @@ _probe_results: dict[str, str | None] = {}
 _warned: set[str] = set()
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str, loud: bool = True) -> None:
+    """Log `message` once per process (`loud`: also as a SandboxWarning, which test runs and notebooks show)."""
     if key in _warned:
         return
     _warned.add(key)
     logger.warning(message)
-    warnings.warn(message, SandboxWarning, stacklevel=3)
+    if loud:
+        warnings.warn(message, SandboxWarning, stacklevel=3)
 
 
 def probe(level: IsolationLevel) -> str | None:
@@ -297,7 +307,7 @@ def detect_isolation() -> IsolationLevel:
                     "world-readable files (a code task's answer key included) and write to world-writable directories"
                     + ("" if _is_root() else ", signal your processes and read their environment"),
                 }[lv]
-                _warn_once(
+                warn_once(
                     f"level-{lv}",
                     f"sandbox: using {lv!r} isolation, {weaker}. Stronger levels unavailable: {'; '.join(reasons)}. "
                     "Install bubblewrap (apt-get install bubblewrap) for the strongest isolation.",

@@ -27,8 +27,8 @@ True only when all cases pass; `info["reason"]` is the judge's verdict (`ok`, `w
 status (`timeout`, `memory`, `crash`, `syntax_error`, `runtime_error`, `output_limit`), or `no_code` /
 `too_long`.
 
-Execution: `keelrl.sandbox` (isolation levels and what is defended: its docstring). `score_many` runs a
-batch on a process-wide `SandboxPool`, which is what a trainer should call. If the sandbox itself keeps
+Execution: `keelrl.sandbox` (isolation levels, chosen by `[sandbox] isolation`, and what is defended: its
+docstring). `score_many` runs a batch on a process-wide `SandboxPool`, which is what a trainer should call. If the sandbox itself keeps
 failing (`sandbox_error` many times in a row), scoring raises instead of training on meaningless rewards.
 """
 
@@ -44,10 +44,11 @@ import threading
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
+from keelrl.sandbox.config import SandboxConfig, sandbox_of
 from keelrl.sandbox.judge import CASE_FIELDS, VIEWS, Case, calls_of, judge
 from keelrl.sandbox.pool import SandboxPool
 from keelrl.sandbox.result import ExecResult, Job, SandboxError, SandboxLimits
@@ -115,10 +116,6 @@ class CodeParams(TaskParams):
     )
     max_code_chars: int = Field(
         20_000, ge=1, description="Longer code blocks are not run (reason too_long, reward 0.1)."
-    )
-    isolation: Literal["auto", "bwrap", "unshare", "rlimit"] = Field(
-        "auto",
-        description="Sandbox isolation: auto picks the strongest available (bwrap > unshare > rlimit).",
     )
     workers: int = Field(0, ge=0, description="Sandboxes score_many runs at once; 0 means one per CPU.")
 
@@ -338,8 +335,8 @@ class CodeTask:
 
     name = "code"
 
-    def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.seed = seed
+    def __init__(self, seed: int = 0, sandbox: SandboxConfig | None = None, **params: Any) -> None:
+        self.seed, self.sandbox = seed, sandbox_of(sandbox)  # [sandbox] isolation
         self.params = CodeParams(**params)
         p = self.params
         path = Path(p.problems_file) if p.problems_file else shipped_problems_path()
@@ -411,7 +408,7 @@ class CodeTask:
                 calls = calls_of(problem["tests"])
                 pending.append((i, Job(code, problem["entry_point"], calls, self.limits)))
         if pending:
-            pool = shared_pool(self.params.isolation, self.params.workers, self.hide)
+            pool = shared_pool(self.sandbox.isolation, self.params.workers, self.hide)
             futures = [(i, pool.submit(job)) for i, job in pending]
             for i, future in futures:
                 scores[i] = self._score_result(problems[i], future.result())

@@ -39,10 +39,10 @@ class CodeFeedback:
 
     name = "code_feedback"
 
-    def __init__(self, seed: int = 0, **params: Any) -> None:
+    def __init__(self, seed: int = 0, sandbox: Any = None, **params: Any) -> None:
         own = {k: params.pop(k) for k in list(params) if k in FeedbackParams.model_fields}
         self.seed, self.params = seed, FeedbackParams(**own)
-        self.code = CodeTask(seed=seed, **params)
+        self.code = CodeTask(seed=seed, sandbox=sandbox, **params)
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
         return self.code.problem(split, index)

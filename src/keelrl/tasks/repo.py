@@ -160,27 +160,8 @@ class Workspace:
         """Replace the one occurrence of `old` in the file by `new`."""
         p = self._existing(path)
         self._writable(p)
-        if not isinstance(old, str) or not isinstance(new, str):
-            raise ValueError("old and new must be strings")
-        if not old:
-            raise ValueError(
-                "old is empty: give the exact text to replace (write_file replaces a whole file)"
-            )
-        text = self.files[p]
-        count = text.count(old)
-        if count == 0:
-            stripped = old.strip()
-            hint = (
-                " (it does occur without its leading / trailing whitespace: copy the text exactly)"
-                if stripped and stripped in text
-                else ""
-            )
-            raise ValueError(f"old does not occur in {p}{hint}; read_file shows the exact text")
-        if count > 1:
-            raise ValueError(
-                f"old occurs {count} times in {p}; include more surrounding text so it occurs once"
-            )
-        self._put(p, text.replace(old, new, 1))
+        text = replace_once(self.files[p], old, new, p)
+        self._put(p, text)
         self.edits += 1
         return f"replaced {len(old.splitlines()) or 1} line(s) with {len(new.splitlines())} in {p}"
 
@@ -191,6 +172,29 @@ class Workspace:
         self._put(p, content)
         self.edits += 1
         return f"{'overwrote' if existed else 'created'} {p} ({len(content.splitlines())} lines)"
+
+
+def replace_once(text: str, old: str, new: str, where: str) -> str:
+    """`text` with the one occurrence of `old` replaced by `new`; a ValueError saying what is wrong otherwise (shared
+    by the Workspace's and the terminal tasks' replace_in_file)."""
+    if not isinstance(old, str) or not isinstance(new, str):
+        raise ValueError("old and new must be strings")
+    if not old:
+        raise ValueError("old is empty: give the exact text to replace (write_file replaces a whole file)")
+    count = text.count(old)
+    if count == 0:
+        stripped = old.strip()
+        hint = (
+            " (it does occur without its leading / trailing whitespace: copy the text exactly)"
+            if stripped and stripped in text
+            else ""
+        )
+        raise ValueError(f"old does not occur in {where}{hint}; read_file shows the exact text")
+    if count > 1:
+        raise ValueError(
+            f"old occurs {count} times in {where}; include more surrounding text so it occurs once"
+        )
+    return text.replace(old, new, 1)
 
 
 def workspace_tools(ws: Workspace | None, run_tests: Callable[[], str] | None) -> list[Tool]:

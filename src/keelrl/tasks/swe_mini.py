@@ -38,10 +38,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from string import Template
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
+from keelrl.sandbox.config import SandboxConfig, sandbox_of
 from keelrl.sandbox.judge import Case, calls_of, judge, same
 from keelrl.sandbox.result import SandboxLimits
 from keelrl.seeds import stable_hash
@@ -321,7 +322,6 @@ class SweMiniParams(TaskParams):
     timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="Wall-clock and CPU limit per run (s).")
     memory_mb: int = Field(256, ge=64, le=1 << 20, description="Address-space limit per process (MB).")
     max_processes: int = Field(8, ge=1, le=4096, description="Processes and threads a run may have.")
-    isolation: Literal["auto", "bwrap", "unshare", "rlimit"] = Field("auto", description="Sandbox isolation.")
     workers: int = Field(0, ge=0, description="Sandboxes run at once (shared pool); 0 means one per CPU.")
 
     @model_validator(mode="after")
@@ -513,8 +513,8 @@ class SweMini:
 
     name = "swe_mini"
 
-    def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.seed = seed
+    def __init__(self, seed: int = 0, sandbox: SandboxConfig | None = None, **params: Any) -> None:
+        self.seed, self.sandbox = seed, sandbox_of(sandbox)  # [sandbox] isolation
         self.params = SweMiniParams(**params)
         p = self.params
         self.limits = SandboxLimits(
@@ -583,4 +583,4 @@ class SweMini:
         state.scratch.pop("workspace", None)
 
     def _pool(self) -> Any:
-        return shared_pool(self.params.isolation, self.params.workers)
+        return shared_pool(self.sandbox.isolation, self.params.workers)

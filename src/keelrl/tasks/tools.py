@@ -13,6 +13,7 @@ exception in the trainer; `run_tool_calls` counts both calls and errors (`tool_c
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -177,3 +178,18 @@ def describe_tools(tools: Sequence[Tool]) -> str:
         "Tools:\n" + "\n".join(lines) + f"\nCall a tool with {OPEN_TAG}name: argument{CLOSE_TAG} or "
         f'{OPEN_TAG}{{"name": ..., "arguments": {{...}}}}{CLOSE_TAG}; its result comes back in the next turn.'
     )
+
+
+def call_action(tools: Sequence[Tool]) -> Callable[[str], ToolCall]:
+    """An environment's `action` (tasks/env.py): the turn's one tool call, parsed; a ToolCallError (the model's
+    error message) for no call, several, or one that does not parse."""
+    return functools.partial(_one_call, tools)  # a partial, not a function: a class attribute stays unbound
+
+
+def _one_call(tools: Sequence[Tool], text: str) -> ToolCall:
+    calls = parse_calls(text, tools)
+    if len(calls) != 1:
+        raise ToolCallError(f"write one {OPEN_TAG}...{CLOSE_TAG} call per turn (found {len(calls)})")
+    if isinstance(calls[0], ToolCallError):
+        raise calls[0]
+    return calls[0]
