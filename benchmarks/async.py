@@ -69,8 +69,22 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--trainer-threads", type=int, default=1)
     ap.add_argument("--sampler-threads", type=int, default=1)
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="3 steps (1 warm-up), one repeat, a 1-layer width-32 model: seconds",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.warmup, args.repeats, args.hidden, args.layers, args.max_new_tokens = (
+            3,
+            1,
+            1,
+            32,
+            1,
+            8,
+        )
     common = [
         f"train.steps={args.steps}",
         f"model.tiny.hidden_size={args.hidden}",
@@ -108,6 +122,8 @@ def main() -> None:
     }
     k0, k0_all, _, k1 = (summary[n]["steps_per_s"] for n in variants)
     report = {
+        "benchmark": "async",
+        "quick": args.quick,
         "command": "python benchmarks/async.py " + " ".join(sys.argv[1:]),
         "settings": common,
         "trainer_threads": args.trainer_threads,

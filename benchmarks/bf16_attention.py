@@ -33,9 +33,9 @@ def seconds(fn: Any, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
-def matmuls(repeats: int) -> list[dict[str, Any]]:
+def matmuls(repeats: int, shapes: list[tuple[int, int, int]] = MATMUL_SHAPES) -> list[dict[str, Any]]:
     out = []
-    for m, k, n in MATMUL_SHAPES:
+    for m, k, n in shapes:
         row: dict[str, Any] = {"shape": [m, k, n]}
         for dtype in (torch.float32, torch.bfloat16):
             a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
@@ -46,9 +46,9 @@ def matmuls(repeats: int) -> list[dict[str, Any]]:
     return out
 
 
-def forward_backward(repeats: int) -> dict[str, float]:
+def forward_backward(repeats: int, tiny: TinyModelConfig = TINY) -> dict[str, float]:
     """Seconds per 256 sequences (4 micro-batches of 64) for one forward+backward of the tiny model."""
-    model, _ = load_policy(ModelConfig(path="tiny", tiny=TINY))
+    model, _ = load_policy(ModelConfig(path="tiny", tiny=tiny))
     ids = torch.randint(0, model.config.vocab_size, (ROWS, SEQ), generator=torch.Generator().manual_seed(0))
     out = {}
     for attention in ("sdpa", "eager"):
@@ -68,18 +68,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="one small matmul and a 1-layer model: seconds")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    shapes, tiny = MATMUL_SHAPES, TINY
+    if a.quick:
+        a.repeats, shapes = 1, [(64, 32, 32)]
+        tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, max_positions=128)
     result = {
         "benchmark": "bf16_attention",
         "command": f"python benchmarks/bf16_attention.py --threads {a.threads} --repeats {a.repeats}"
+        + (" --quick" if a.quick else "")
         + (f" --out {a.out}" if a.out else ""),
+        "quick": a.quick,
         "torch": torch.__version__,
         "threads": a.threads,
         "load_average_start": os.getloadavg(),
-        "matmul": matmuls(a.repeats),
-        "forward_backward": forward_backward(a.repeats),
+        "matmul": matmuls(a.repeats, shapes),
+        "forward_backward": forward_backward(a.repeats, tiny),
         "load_average_end": os.getloadavg(),
     }
     text = json.dumps(result, indent=2)

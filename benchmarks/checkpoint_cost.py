@@ -43,12 +43,14 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_arm(work: Path, base: str, arm: str, steps: int, every: int, index: int) -> dict[str, Any]:
+def run_arm(
+    work: Path, base: str, arm: str, steps: int, every: int, index: int, quick: bool = False
+) -> dict[str, Any]:
     ckpt = dict(ARMS[arm])
     ckpt.setdefault("every_steps", every)
     ckpt["keep_last"] = 2
     ckpt["keep_best"] = 0
-    cfg = demo_config(base, steps, {"checkpoint": ckpt})
+    cfg = demo_config(base, steps, {"checkpoint": ckpt}, quick)
     run_dir = work / f"{arm}_{index}"
     t0 = time.perf_counter()
     summary = train(cfg, run_dir, resume="never")
@@ -87,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--base-model", default=None, help="base model (default: the demo architecture, random)")
+    ap.add_argument("--quick", action="store_true", help="4 steps, one round, tiny sizes: seconds")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.every, args.rounds = 4, 2, 1
     torch.set_num_threads(args.threads)
     order = []
     for r in range(args.rounds):
@@ -96,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         order += [(arm, r) for arm in arms]
     with tempfile.TemporaryDirectory(prefix="keelrl-ckpt-bench-") as tmp:
         work = Path(tmp)
-        base = demo_base(work, args.base_model)
+        base = demo_base(work, args.base_model, args.quick)
         t0 = time.time()
-        runs = [run_arm(work, base, arm, args.steps, args.every, r) for arm, r in order]
+        runs = [run_arm(work, base, arm, args.steps, args.every, r, args.quick) for arm, r in order]
     by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in ARMS}
     step_s = statistics.median([r["step_s_median"] for r in by_arm["none"]])
     none_loop = mean([r["loop_s"] for r in by_arm["none"]])
@@ -107,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/checkpoint_cost.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine(),
+        "quick": args.quick,
         "wall_s": time.time() - t0,
         "steps": args.steps,
         "every": args.every,

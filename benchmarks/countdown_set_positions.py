@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 import torch
 
 from curriculum import BucketView  # benchmarks/
 from curriculum_families import FAMILIES
-from keelrl.config import ModelConfig
+from keelrl.config import ModelConfig, TinyModelConfig
 from keelrl.evaluate import run_eval
-from keelrl.models import load_policy
+from keelrl.models import build_char_tokenizer, build_tiny_model, load_policy, save_hf_dir
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.hf import HFSampler
 from keelrl.tasks import get_task
@@ -44,11 +45,24 @@ def count_copies(copies: dict[str, int], problem: dict, text: str, parts: list[s
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("models", nargs="+", type=Path, help="HF directories (e.g. a benchmark run's final/)")
+    ap.add_argument("models", nargs="*", type=Path, help="HF directories (e.g. a benchmark run's final/)")
     ap.add_argument("--family", choices=["countdown_set", "countdown_set_restated"], default="countdown_set")
     ap.add_argument("--sets", type=int, default=200, help="held-out x4 sets")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--quick", action="store_true", help="4 sets; without MODEL_DIR, a random 1-layer model: seconds"
+    )
     a = ap.parse_args()
+    if a.quick:
+        a.sets = 4
+        if not a.models:
+            tok = build_char_tokenizer()
+            shape = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, max_positions=256)
+            scratch = tempfile.TemporaryDirectory(prefix="keelrl_positions_")  # removed when main returns
+            a.models = [Path(scratch.name) / "random"]
+            save_hf_dir(build_tiny_model(shape, len(tok), tok.eos_token_id), tok, a.models[0])
+    if not a.models:
+        ap.error("give at least one MODEL_DIR (or --quick)")
     torch.set_num_threads(1)
     fam = FAMILIES[a.family]
     task = get_task(fam.task, **fam.params)

@@ -93,7 +93,7 @@ def adamw(repeats: int) -> dict[str, Any]:
     return out
 
 
-def decode_attention(repeats: int) -> dict[str, float]:
+def decode_attention(repeats: int, backend: str = "inductor") -> dict[str, float]:
     prompts, group, heads, prompt_len, completion_len, dim = 32, 8, 4, 14, 16, 64
     rows, length, bf16 = prompts * group, prompt_len + completion_len, torch.bfloat16
     scale = dim**-0.5
@@ -132,9 +132,11 @@ def decode_attention(repeats: int) -> dict[str, float]:
         return emb.cos(), emb.sin()
 
     inside = torch.compile(
-        autocast(lambda x, pos: plain(rotate(x, *cos_sin(pos)), k16, values)), dynamic=True
+        autocast(lambda x, pos: plain(rotate(x, *cos_sin(pos)), k16, values)), dynamic=True, backend=backend
     )
-    outside = torch.compile(autocast(lambda x, c, s: plain(rotate(x, c, s), k16, values)), dynamic=True)
+    outside = torch.compile(
+        autocast(lambda x, c, s: plain(rotate(x, c, s), k16, values)), dynamic=True, backend=backend
+    )
     cos, sin = cos_sin(positions)
     out["compiled_rotary_inside_ms"] = 1e3 * seconds(lambda: inside(raw, positions), repeats)
     out["compiled_rotary_outside_ms"] = 1e3 * seconds(lambda: outside(raw, cos, sin), repeats)
@@ -154,7 +156,7 @@ def decode_attention(repeats: int) -> dict[str, float]:
 
     for name, fn in (("plain", autocast(lambda q: plain(q, k16, values))), ("cascade", autocast(cascade))):
         out[f"{name}_eager_ms"] = 1e3 * seconds(lambda fn=fn: fn(q16), repeats)
-        compiled = torch.compile(fn, dynamic=True)
+        compiled = torch.compile(fn, dynamic=True, backend=backend)
         out[f"{name}_compiled_ms"] = 1e3 * seconds(lambda c=compiled: c(q16), repeats)
     return out
 
@@ -188,8 +190,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=40)
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated: " + ",".join(PARTS))
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="every part, 2 repeats, torch.compile with the eager backend (no C++ compilation): seconds",
+    )
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
+    if a.quick:
+        a.repeats = 2
     parts = a.parts.split(",")
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
@@ -200,11 +209,13 @@ def main(argv: list[str] | None = None) -> None:
         "command": " ".join(
             ["python", "benchmarks/cpu_overheads.py", *(argv if argv is not None else sys.argv[1:])]
         ),
+        "quick": a.quick,
         "threads": a.threads,
         "load_average_start": os.getloadavg(),
     }
     for name in parts:
-        result[name] = PARTS[name](a.repeats)
+        quick_compile = {"backend": "eager"} if a.quick and name == "decode_attention" else {}
+        result[name] = PARTS[name](a.repeats, **quick_compile)
     result["load_average_end"] = os.getloadavg()
     text = json.dumps(result, indent=2)
     print(text)

@@ -18,12 +18,14 @@ import argparse
 import json
 import random
 import re
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from demo_setup import QUICK_EVAL_PROBLEMS, QUICK_PLAN, quick_rl  # benchmarks/
 from keelrl.demo import DEMO_TASK_PARAMS
 
 # the demo's problems, with the tool environment's short opening
@@ -56,7 +58,7 @@ def corpus_text(task: Any, index: int, seed: int) -> str:
     )
 
 
-def base_model(out: Path, seed: int) -> Path:
+def base_model(out: Path, seed: int, quick: bool = False) -> Path:
     from keelrl.config import TinyModelConfig
     from keelrl.demo import DEMO_MODEL, DemoPlan, pretrain
     from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
@@ -65,7 +67,7 @@ def base_model(out: Path, seed: int) -> Path:
     path = out / f"seed{seed}" / "base"
     if (path / "config.json").exists():
         return path
-    plan = DemoPlan.for_minutes(12.0)
+    plan = QUICK_PLAN if quick else DemoPlan.for_minutes(12.0)
     task = get_task("countdown_tools", **TASK_PARAMS)
     tok = build_char_tokenizer()
     shape = {**DEMO_MODEL.model_dump(), "max_positions": 192, "init_seed": seed}
@@ -75,7 +77,7 @@ def base_model(out: Path, seed: int) -> Path:
     return path
 
 
-def evaluate(model_path: Path, seed: int) -> Any:
+def evaluate(model_path: Path, seed: int, quick: bool = False) -> Any:
     from keelrl.config import EpisodeConfig, ModelConfig
     from keelrl.evaluate import evaluate as run
     from keelrl.models import load_policy
@@ -85,7 +87,8 @@ def evaluate(model_path: Path, seed: int) -> Any:
     policy, tok = load_policy(ModelConfig(path=str(model_path)))
     task = get_task("countdown_tools", **TASK_PARAMS)
     return run(
-        make_sampler(None, policy, tok), tok, task, "compact", 500, max_new_tokens=MAX_NEW_TOKENS, seed=seed,
+        make_sampler(None, policy, tok), tok, task, "compact", QUICK_EVAL_PROBLEMS if quick else 500,
+        max_new_tokens=MAX_NEW_TOKENS, seed=seed,
         batch_size=128, limits=EpisodeConfig(**EPISODE),
     )  # fmt: skip
 
@@ -118,21 +121,26 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="/tmp/env_learning")
     ap.add_argument("--json", default="")
+    ap.add_argument(
+        "--quick", action="store_true", help="sizes of seconds (benchmarks/demo_setup.py's QUICK_*)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     out, seed = Path(args.out), args.seed
     t0 = time.time()
-    base = base_model(out, seed)
-    before = evaluate(base, seed)
-    plan = DemoPlan.for_minutes(12.0)
+    base = base_model(out, seed, args.quick)
+    before = evaluate(base, seed, args.quick)
+    plan = QUICK_PLAN if args.quick else DemoPlan.for_minutes(12.0)
     cfg = demo_rl_config(str(base), TASK_PARAMS, plan.rl_steps, plan.eval_every, seed)
+    if args.quick:
+        quick_rl(cfg)
     cfg["task"]["name"] = "countdown_tools"
-    cfg["rollout"]["max_new_tokens"] = MAX_NEW_TOKENS
+    cfg["rollout"]["max_new_tokens"] = MAX_NEW_TOKENS  # quick too: a tool call is 35 tokens
     cfg["episode"] = EPISODE
     cfg["log"]["progress"] = False
     run_dir = out / f"seed{seed}" / "rl"
     summary = train(config_from_dict(cfg, "env_learning"), run_dir, resume="auto")
-    after = evaluate(run_dir / "final", seed)
+    after = evaluate(run_dir / "final", seed, args.quick)
     diff = compare_results(before, after)["metrics"]["accuracy"]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [m for m in metrics if "episode/turns" in m]
@@ -148,7 +156,9 @@ def main() -> None:
         }
 
     doc = {
-        "command": f"python benchmarks/env_learning.py --seed {seed} --out {args.out}",
+        "command": f"python benchmarks/env_learning.py --seed {seed} --out {args.out}"
+        + (" --quick" if args.quick else ""),
+        "quick": args.quick,
         "rl_steps": plan.rl_steps,
         "before": summary_of(before),
         "after": summary_of(after),
@@ -156,8 +166,8 @@ def main() -> None:
         "change_ci95": diff["ci"],
         "verdict": diff["verdict"],
         "train_reward_first_last_5": [
-            round(sum(m["reward/mean"] for m in train_steps[:5]) / 5, 3),
-            round(sum(m["reward/mean"] for m in train_steps[-5:]) / 5, 3),
+            round(statistics.fmean(m["reward/mean"] for m in train_steps[:5]), 3),
+            round(statistics.fmean(m["reward/mean"] for m in train_steps[-5:]), 3),
         ],
         "state": summary["state"],
         "wall_s": round(time.time() - t0, 1),

@@ -32,8 +32,11 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="2 episodes, 2 workers, one repeat: seconds")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
+    if args.quick:
+        args.episodes, args.workers, args.repeats = 2, 2, 1
 
     tok = build_char_tokenizer()
     env = get_task("swe_mini", seed=0, workers=args.workers)
@@ -71,6 +74,8 @@ def main() -> None:
             )
     med = {w: statistics.median(t) for w, t in times.items()}
     out = {
+        "benchmark": "episodes",
+        "quick": args.quick,
         "episodes": args.episodes,
         "turns_per_episode": len(oracle_turns(episodes[0].problem)),
         "isolation": detect_isolation(),

@@ -18,7 +18,7 @@ import torch
 
 def main() -> None:
     from keelrl.algo.logprobs import autocast_context, completion_logprobs
-    from keelrl.config import ModelConfig
+    from keelrl.config import ModelConfig, TinyModelConfig
     from keelrl.models import load_policy, use_fp32_head
     from keelrl.rollout import SamplingSettings, make_sampler, render_prompt
     from keelrl.tasks import get_task
@@ -28,11 +28,19 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument(
+        "--quick", action="store_true", help="a random 1-layer model, 2 rows of 4 tokens: seconds"
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    policy, tok = load_policy(ModelConfig(path=args.model))
+    if args.quick:
+        args.model, args.rows, args.tokens = "tiny", 2, 4
+        model = ModelConfig(path="tiny", tiny=TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2))
+    else:
+        model = ModelConfig(path=args.model)
+    policy, tok = load_policy(model)
     task = get_task("countdown")
     template = "chat" if args.model == "smollm2" else "compact"
     prompts = [
@@ -72,6 +80,8 @@ def main() -> None:
     use_fp32_head(policy)
     fp32_head, head_s = score("bf16")
     out = {
+        "benchmark": "fp32_head",
+        "quick": args.quick,
         "model": args.model,
         "tokens": int(mask.sum()),
         "bf16": {
@@ -83,7 +93,8 @@ def main() -> None:
             "max_abs": float((fp32_head - reference).abs().max()),
         },
         "seconds": {"fp32": round(ref_s, 2), "bf16": round(bf16_s, 2), "bf16_fp32_head": round(head_s, 2)},
-        "command": f"python benchmarks/fp32_head.py --model {args.model} --rows {args.rows} --tokens {args.tokens}",
+        "command": "python benchmarks/fp32_head.py "
+        + ("--quick" if args.quick else f"--model {args.model} --rows {args.rows} --tokens {args.tokens}"),
     }
     text = json.dumps(out, indent=2)
     if args.out:

@@ -77,19 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds (guards on/off alternating)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--base-model", default=None, help="base model (default: the demo architecture, random)")
+    ap.add_argument("--quick", action="store_true", help="3 steps, one round, tiny sizes: seconds")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds = 3, 1
     torch.set_num_threads(args.threads)
     t_start = time.time()
     ab: dict[str, list[float]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory(prefix="keelrl-guard-bench-") as tmp:
         work = Path(tmp)
-        base = demo_base(work, args.base_model)
+        base = demo_base(work, args.base_model, args.quick)
         history: list[dict[str, Any]] = []
         cfg = None
         for r in range(args.rounds):
             for arm in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                cfg = demo_config(base, args.steps, {"guards": {"enabled": arm == "on"}})
+                cfg = demo_config(base, args.steps, {"guards": {"enabled": arm == "on"}}, args.quick)
                 run_dir = work / f"{arm}_{r}"
                 train(cfg, run_dir, resume="never")
                 ab[arm].append(statistics.median(step_seconds(run_dir)))
@@ -109,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python benchmarks/guard_overhead.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine(),
+        "quick": args.quick,
         "wall_s": time.time() - t_start,
         "steps": args.steps,
         "updates_per_step": updates,

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from demo_setup import QUICK_PLAN, quick_rl
 from objectives_learning import base_model, evaluate  # the same base and held-out eval as the objectives'
 
 
@@ -34,7 +35,9 @@ def merged_checkpoint(cfg: Any, checkpoint: Path, out: Path) -> Path:
     return out
 
 
-def one_run(out: Path, base: Path, base_report: Any, seed: int, rank: int, lr: float) -> dict[str, Any]:
+def one_run(
+    out: Path, base: Path, base_report: Any, seed: int, rank: int, lr: float, quick: bool = False
+) -> dict[str, Any]:
     from keelrl.checkpoint import committed, read_manifest
     from keelrl.config import config_from_dict
     from keelrl.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
@@ -42,8 +45,10 @@ def one_run(out: Path, base: Path, base_report: Any, seed: int, rank: int, lr: f
     from keelrl.run import GuardStop
     from keelrl.trainer import train
 
-    plan = DemoPlan.for_minutes(12.0)
+    plan = QUICK_PLAN if quick else DemoPlan.for_minutes(12.0)
     rl = demo_rl_config(str(base), DEMO_TASK_PARAMS, plan.rl_steps, plan.eval_every, seed)
+    if quick:
+        quick_rl(rl)
     rl["algo"]["lr"] = lr
     if rank:
         rl["model"]["lora"] = {"rank": rank, "alpha": 2.0 * rank}
@@ -59,7 +64,7 @@ def one_run(out: Path, base: Path, base_report: Any, seed: int, rank: int, lr: f
         model_dir = merged_checkpoint(cfg, committed(run_dir / "checkpoints")[0], run_dir / "stopped_merged")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [(int(m["step"]), float(m["eval/accuracy"])) for m in metrics if "eval/accuracy" in m]
-    final = evaluate(model_dir, seed)
+    final = evaluate(model_dir, seed, quick)
     diff = compare_results(base_report, final)["metrics"]["accuracy"]
     f = final.summary()["metrics"]["accuracy"]
     newest = committed(run_dir / "checkpoints")[0]
@@ -86,24 +91,32 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=["16:3e-3"], help="rank:lr (rank 0: full fine-tuning)")
     ap.add_argument("--out", default="/tmp/lora_learn")
     ap.add_argument("--json", default="")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="sizes of seconds (benchmarks/demo_setup.py's QUICK_*), the arms given",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
     results: list[dict[str, Any]] = []
     bases: dict[int, float] = {}
     for seed in args.seeds:
-        base = base_model(out, seed)
-        base_report = evaluate(base, seed)
+        base = base_model(out, seed, args.quick)
+        base_report = evaluate(base, seed, args.quick)
         bases[seed] = base_report.summary()["metrics"]["accuracy"]["value"]
         for arm in args.arms:
             rank, lr = arm.split(":")
-            results.append(one_run(out, base, base_report, seed, int(rank), float(lr)))
+            results.append(one_run(out, base, base_report, seed, int(rank), float(lr), args.quick))
             print(json.dumps(results[-1]), flush=True)
     doc = {
         "command": "python benchmarks/lora_learning.py "
         + " ".join(
-            f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items() if v
+            f"--{k}" if v is True else f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items()
+            if v
         ),
+        "quick": args.quick,
         "base_accuracy": bases,
         "runs": results,
     }

@@ -24,11 +24,13 @@ SETTINGS = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/lora_sizes")
+    ap.add_argument("--quick", action="store_true", help="one 1-layer shape, ranks 0 and 8: seconds")
     args = ap.parse_args()
     out = Path(args.out)
     results = {}
-    for hidden, layers in ((128, 4), (256, 2)):
-        for rank in (0, 8, 16):
+    shapes, ranks = (((32, 1),), (0, 8)) if args.quick else (((128, 4), (256, 2)), (0, 8, 16))
+    for hidden, layers in shapes:
+        for rank in ranks:
             name = f"h{hidden}_l{layers}_r{rank}"
             extra = [f"model.tiny.hidden_size={hidden}", f"model.tiny.num_layers={layers}"]
             extra += [f"model.lora.rank={rank}"] if rank else []

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from demo_setup import QUICK_EVAL_PROBLEMS, QUICK_PLAN, quick_rl  # benchmarks/
+
 # what each name in --objectives sets: [algo] fields (besides minibatches and lr), and "rollout" ones
 VARIANTS: dict[str, dict[str, Any]] = {
     "ppo_clip": {"objective": "ppo_clip"},
@@ -76,8 +78,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 SECTIONS = ("rollout", "train", "selfplay")  # a variant's keys naming a config section; the rest are [algo]
 
 
-def base_model(out: Path, seed: int) -> Path:
-    """The demo's pretrained base for `seed` (made once)."""
+def base_model(out: Path, seed: int, quick: bool = False) -> Path:
+    """The demo's pretrained base for `seed` (made once; `quick`: QUICK_PLAN's 3 steps)."""
     from keelrl.config import TinyModelConfig
     from keelrl.demo import DEMO_MODEL, DEMO_TASK_PARAMS, DemoPlan, corpus_text, pretrain
     from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
@@ -86,7 +88,7 @@ def base_model(out: Path, seed: int) -> Path:
     path = out / f"seed{seed}" / "base"
     if (path / "config.json").exists():
         return path
-    plan = DemoPlan.for_minutes(12.0)
+    plan = QUICK_PLAN if quick else DemoPlan.for_minutes(12.0)
     task = get_task("countdown", **DEMO_TASK_PARAMS)
     tok = build_char_tokenizer()
     model = build_tiny_model(
@@ -105,14 +107,23 @@ def base_model(out: Path, seed: int) -> Path:
     return path
 
 
-def evaluate(model_path: Path, seed: int) -> Any:
-    from keelrl.demo import DEMO_TASK_PARAMS, _evaluate, demo_rl_config
-    from keelrl.monitor.sinks import make_console
+def evaluate(model_path: Path, seed: int, quick: bool = False) -> Any:
+    """Greedy held-out accuracy as `keelrl demo` measures it (500 problems; `quick`: 8)."""
+    from keelrl.config import ModelConfig
+    from keelrl.demo import DEMO_TASK_PARAMS, EVAL_PROBLEMS, demo_rl_config
+    from keelrl.evaluate import evaluate as run_evaluate
+    from keelrl.models import load_policy
+    from keelrl.rollout import make_sampler
     from keelrl.tasks import get_task
 
     task = get_task("countdown", **DEMO_TASK_PARAMS)
     max_new = demo_rl_config("", DEMO_TASK_PARAMS, 1, 1, seed)["rollout"]["max_new_tokens"]
-    return _evaluate(make_console(stderr=True), str(model_path), task, "compact", max_new, seed)
+    policy, tok = load_policy(ModelConfig(path=str(model_path)))
+    problems = QUICK_EVAL_PROBLEMS if quick else EVAL_PROBLEMS
+    return run_evaluate(
+        make_sampler(None, policy, tok), tok, task, "compact", problems, max_new_tokens=max_new, seed=seed,
+        batch_size=128, meta={"model": str(model_path)},
+    )  # fmt: skip
 
 
 def by_operation(report: Any) -> dict[str, list[float]]:
@@ -132,7 +143,14 @@ def by_operation(report: Any) -> dict[str, list[float]]:
 
 
 def one_run(
-    out: Path, base: Path, base_report: Any, seed: int, objective: str, minibatches: int, lr: float
+    out: Path,
+    base: Path,
+    base_report: Any,
+    seed: int,
+    objective: str,
+    minibatches: int,
+    lr: float,
+    quick: bool = False,
 ) -> dict[str, Any]:
     from keelrl.config import config_from_dict
     from keelrl.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
@@ -140,8 +158,10 @@ def one_run(
     from keelrl.run import GuardStop
     from keelrl.trainer import train
 
-    plan = DemoPlan.for_minutes(12.0)
+    plan = QUICK_PLAN if quick else DemoPlan.for_minutes(12.0)
     rl = demo_rl_config(str(base), DEMO_TASK_PARAMS, plan.rl_steps, plan.eval_every, seed)
+    if quick:
+        quick_rl(rl)
     variant = dict(VARIANTS[objective])
     for section in SECTIONS:
         rl.setdefault(section, {}).update(variant.pop(section, {}))
@@ -159,7 +179,7 @@ def one_run(
     reached = next((step for step, acc in evals if acc >= start + 0.20), None)
     result: dict[str, Any] = {"seed": seed, "objective": objective, "state": summary["state"]}
     if (run_dir / "final").exists():
-        final = evaluate(run_dir / "final", seed)
+        final = evaluate(run_dir / "final", seed, quick)
         diff = compare_results(base_report, final)["metrics"]["accuracy"]
         f = final.summary()["metrics"]["accuracy"]
         result.update(
@@ -185,9 +205,19 @@ def one_run(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2 (--quick: 0)")
     ap.add_argument(
-        "--objectives", nargs="+", default=["ppo_clip", "gspo", "cispo", "critic_ppo"], choices=VARIANTS
+        "--objectives",
+        nargs="+",
+        default=None,
+        choices=VARIANTS,
+        help="default ppo_clip gspo cispo critic_ppo (--quick: ppo_clip)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="sizes of seconds (benchmarks/demo_setup.py's QUICK_*: a 3-step base, 2 RL steps of 32 completions, "
+        "8-problem evals)",
     )
     ap.add_argument("--minibatches", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1.5e-4)
@@ -199,24 +229,33 @@ def main() -> None:
     )
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    args.objectives = args.objectives or (
+        ["ppo_clip"] if args.quick else ["ppo_clip", "gspo", "cispo", "critic_ppo"]
+    )
     torch.set_num_threads(1)
     out = Path(args.out)
     results: list[dict[str, Any]] = []
     bases: dict[int, float] = {}
     bases_by_op: dict[int, dict[str, list[float]]] = {}
     for seed in args.seeds:
-        base = Path(args.base) if args.base else base_model(out, seed)
-        base_report = evaluate(base, seed)
+        base = Path(args.base) if args.base else base_model(out, seed, args.quick)
+        base_report = evaluate(base, seed, args.quick)
         bases[seed] = base_report.summary()["metrics"]["accuracy"]["value"]
         bases_by_op[seed] = by_operation(base_report)
         for objective in args.objectives:
-            results.append(one_run(out, base, base_report, seed, objective, args.minibatches, args.lr))
+            results.append(
+                one_run(out, base, base_report, seed, objective, args.minibatches, args.lr, args.quick)
+            )
             print(json.dumps(results[-1]), flush=True)
     doc = {
         "command": "python benchmarks/objectives_learning.py "
         + " ".join(
-            f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items() if v
+            f"--{k}" if v is True else f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items()
+            if v
         ),
+        "quick": args.quick,
         "minibatches": args.minibatches,
         "lr": args.lr,
         "base_accuracy": bases,

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="tiny", choices=list(SHAPES))
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="the micro shape, one step: seconds (a test's check)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--set", action="append", default=[], help="keelrl config override, KEY=VALUE")
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
 
         inductor_config.cpp.enable_kernel_profile = True
 
+    if a.quick:
+        a.shape, a.steps, a.top = "micro", 1, 5
     base = SHAPES[a.shape]
     shape = Shape(**{**base.__dict__, "steps": a.steps + 1, "warmup": 0})
     cache = Path(a.cache_dir)
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             trainer.train_step(run, state)  # a second warm-up: compilation may need two steps' shapes
             print_torch_profile(lambda: trainer.train_step(run, state), a.top, a.by_shape)
             return
-        phases = {"sample_phase": 0.0, "update_phase": 0.0}
+        phases = {"next_batch": 0.0, "rl_update": 0.0}  # sampling (or the pipeline's batch), the update
         originals = {name: getattr(trainer, name) for name in phases}
 
         def timed(name: str) -> Callable[..., Any]:

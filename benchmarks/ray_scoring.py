@@ -97,7 +97,9 @@ def timed_batches(
     return times
 
 
-def sampling(batch: int, batches: int, max_new_tokens: int) -> dict[str, Any]:
+def sampling(
+    batch: int, batches: int, max_new_tokens: int, pools: tuple[int, ...] = (1, 2)
+) -> dict[str, Any]:
     """Generation throughput in process and on 1 and 2 sampling actors (see the module docstring)."""
     torch.set_num_threads(1)  # as each actor
     model = ModelConfig(path="tiny", tiny=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4))
@@ -124,7 +126,7 @@ def sampling(batch: int, batches: int, max_new_tokens: int) -> dict[str, Any]:
         }
 
     out["in_process"] = measured(HFSampler(policy, tok).generate)
-    for workers in (1, 2):
+    for workers in pools:
         t0 = time.perf_counter()
         pool = SamplerPool(model, workers)
         t1 = time.perf_counter()
@@ -150,7 +152,14 @@ def main() -> None:
     ap.add_argument("--gen-tokens", type=int, default=32, help="max new tokens per completion")
     ap.add_argument("--note", action="append", default=[], help="a line for the JSON's notes (repeatable)")
     ap.add_argument("--out", default=None, help="also write the JSON here (e.g. docs/ray_scoring.json)")
+    ap.add_argument(
+        "--quick", action="store_true", help="batches of 8, one batch each, pools of 1 worker only: seconds"
+    )
     a = ap.parse_args()
+    pools = (1,) if a.quick else (1, 2)
+    if a.quick:
+        a.heavy_ms, a.heavy_batch, a.heavy_batches, a.cheap_batch, a.cheap_batches = 1.0, 8, 1, 8, 1
+        a.gen_batch, a.gen_batches, a.gen_tokens = 8, 1, 4
     started, load_start = time.time(), os.getloadavg()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
 
@@ -171,7 +180,7 @@ def main() -> None:
         "ms_per_completion": round(1000 * local_s / total, 2),
     }
     startup: dict[str, float] = {}
-    for workers in (1, 2):
+    for workers in pools:
         t0 = time.perf_counter()
         pool = ScorerPool(lambda: HeavyCountdown(iterations), workers)
         startup[f"{workers}_workers"] = round(time.perf_counter() - t0, 2)
@@ -197,7 +206,7 @@ def main() -> None:
         "batch_ms_median": round(1000 * local_s, 3),
         "us_per_completion": round(1e6 * local_s / a.cheap_batch, 2),
     }
-    for workers in (1, 2):
+    for workers in pools:
         pool = ScorerPool(functools.partial(get_task, "countdown", seed=0), workers)
         assert pool.score(problems, completions)[0] == expected
         ray_s = statistics.median(timed_batches(pool.score, problems, completions, a.cheap_batches))
@@ -207,16 +216,18 @@ def main() -> None:
             "overhead_ms_per_batch": round(1000 * (ray_s - local_s), 3),
             "overhead_us_per_completion": round(1e6 * (ray_s - local_s) / a.cheap_batch, 2),
         }
-    gen = sampling(a.gen_batch, a.gen_batches, a.gen_tokens)
+    gen = sampling(a.gen_batch, a.gen_batches, a.gen_tokens, pools)
     ray.shutdown()
 
     result = {
         "benchmark": "ray_scoring",
+        "quick": a.quick,
         "command": (
             f"python benchmarks/ray_scoring.py --heavy-ms {a.heavy_ms:g} --heavy-batch {a.heavy_batch} "
             f"--heavy-batches {a.heavy_batches} --cheap-batch {a.cheap_batch} --cheap-batches {a.cheap_batches} "
             f"--gen-batch {a.gen_batch} --gen-batches {a.gen_batches} --gen-tokens {a.gen_tokens}"
             + (f" --out {a.out}" if a.out else "")
+            + (" --quick" if a.quick else "")
         ),
         "heavy": {"batch": a.heavy_batch, "batches": a.heavy_batches, **heavy},
         "cheap": cheap,

@@ -28,6 +28,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,38 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from demo_setup import quick_rl
 from objectives_learning import base_model
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much one run does. QUICK: seconds, the test suite's check that the benchmark still runs."""
+
+    train_problems: int = 3000  # problems sampled (4 completions each, at both temperatures) for preferences
+    held_out: int = 500
+    rm_steps: tuple[int, int] = (400, 200)  # the closer and the length reward model
+    rm_batch: int = 32
+    eval_every: int = 5  # RL's held-out evals (the guards' evidence)
+    checkpoint_every: int = 10  # RL's checkpoints, each measured by the hidden rule
+
+
+# 160 problems: a reward model's held-out accuracy needs 20 held-out pairs (15% of one pair per problem)
+QUICK = Sizes(train_problems=160, held_out=8, rm_steps=(2, 2), rm_batch=4, eval_every=1, checkpoint_every=1)
+
+
+def with_references(groups: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """--quick only: each training problem's group plus its reference answer (correct), so that the closer rule
+    has pairs to decide even on a base too young to write a value."""
+    from keelrl.demo import DEMO_TASK_PARAMS
+    from keelrl.tasks import get_task
+
+    task = get_task("countdown", **DEMO_TASK_PARAMS)
+    out = []
+    for i, g in enumerate(groups):
+        reference = f"<answer>{task.reference_answer(task.problem('train', i))}</answer>"
+        out.append([*g, {**g[0], "text": reference, "correct": True, "info": {"reason": "correct"}}])
+    return out
 
 
 def distance(s: dict[str, Any]) -> float:
@@ -118,14 +150,16 @@ def stats(groups: list[list[dict[str, Any]]]) -> dict[str, float]:
     }
 
 
-def train_rm(base: Path, prefs: Path, run_dir: Path, steps: int, seed: int) -> dict[str, Any]:
+def train_rm(
+    base: Path, prefs: Path, run_dir: Path, steps: int, seed: int, batch: int = 32
+) -> dict[str, Any]:
     """`keelrl rm train PREFS --model BASE` with the demo's settings; returns its summary."""
     from keelrl.config import config_from_dict
     from keelrl.trainer import train
 
     cfg = {
         "model": {"path": str(base)},
-        "data": {"path": str(prefs), "eval_fraction": 0.15, "batch_size": 32, "max_length": 64},
+        "data": {"path": str(prefs), "eval_fraction": 0.15, "batch_size": batch, "max_length": 64},
         "algo": {"lr": 3e-4},
         "train": {"stage": "rm", "steps": steps, "seed": seed, "threads": 1},
         "eval": {"every_steps": 100},
@@ -143,9 +177,11 @@ RECIPES: dict[str, dict[str, float]] = {
 }
 
 
-def train_rl(base: Path, rm: Path, run_dir: Path, recipe: str, steps: int, seed: int, observe: bool) -> str:
+def train_rl(
+    base: Path, rm: Path, run_dir: Path, recipe: str, steps: int, seed: int, observe: bool, sizes: Sizes
+) -> str:
     """GRPO from the base against the reward model; held-out evals every 5 steps (the guards' evidence), a
-    checkpoint every 10 (all kept, measured below). `observe`: every guard rule's action is warn (the rules
+    checkpoint every 10 (all kept, measured below; `sizes` sets both). `observe`: every guard rule's action is warn (the rules
     report, nothing is skipped, rolled back or stopped), so an exploit runs its course. Returns how it ended
     (finished, or the guards' stop)."""
     from keelrl.config import config_from_dict
@@ -154,13 +190,16 @@ def train_rl(base: Path, rm: Path, run_dir: Path, recipe: str, steps: int, seed:
     from keelrl.run import GuardStop
     from keelrl.trainer import train
 
-    cfg = demo_rl_config(str(base), DEMO_TASK_PARAMS, steps, 5, seed)
+    cfg = demo_rl_config(str(base), DEMO_TASK_PARAMS, steps, sizes.eval_every, seed)
+    if sizes == QUICK:
+        quick_rl(cfg)
     cfg["reward"] = {"model": str(rm), "verifier_weight": 0.0}
     cfg["algo"].update(RECIPES[recipe])
     if observe:
         acting = [name for name in RULES if "action" in type(getattr(GuardsConfig(), name)).model_fields]
         cfg["guards"] = {name: {"action": "warn"} for name in acting}
-    cfg["checkpoint"].update(every_steps=10, keep_last=steps // 10 + 1, keep_best=0)
+    every = sizes.checkpoint_every
+    cfg["checkpoint"].update(every_steps=every, keep_last=steps // every + 1, keep_best=0)
     cfg["train"]["threads"] = 1
     cfg["log"]["console_every"] = 10
     try:
@@ -230,9 +269,8 @@ def reward_model(
     """Preferences by `rule` over `pool` (one pair per problem) -> `keelrl rm train`'s loop."""
     out = Path(args.out)
     pairs = write_prefs(pool, rule, out / f"{name}.jsonl", args.seed, 1)
-    summary = train_rm(
-        base_model(out, args.seed), out / f"{name}.jsonl", out / f"rm_{name}", steps, args.seed
-    )
+    base = base_model(out, args.seed, args.quick)
+    summary = train_rm(base, out / f"{name}.jsonl", out / f"rm_{name}", steps, args.seed, args.sizes.rm_batch)
     final = summary["final_eval"]
     return {
         "rule": rule,
@@ -247,17 +285,17 @@ def rl_against(name: str, recipe: str, held_out: Any, args: Any, observe: bool =
     checkpoint against the base's, on held-out problems, and what the guards and the doctor said."""
     out = Path(args.out)
     rl_dir = out / f"rl_{name}_{recipe}{'_observed' if observe else ''}"
-    base, rm = base_model(out, args.seed), out / f"rm_{name}"
+    base, rm = base_model(out, args.seed, args.quick), out / f"rm_{name}"
     entry: dict[str, Any] = {
         "recipe": RECIPES[recipe],
         "guards": "warn only" if observe else "default",
-        "ended": train_rl(base, rm, rl_dir, recipe, args.rl_steps, args.seed, observe),
+        "ended": train_rl(base, rm, rl_dir, recipe, args.rl_steps, args.seed, observe, args.sizes),
         "curve": curve(rl_dir),
         **doctor_rules(rl_dir),
         "by_step": [],
     }
     for ckpt in sorted((rl_dir / "checkpoints").glob("step_*")):
-        trained = sample(ckpt, "test", 500, 1, args.seed)
+        trained = sample(ckpt, "test", args.sizes.held_out, 1, args.seed)
         entry["by_step"].append(
             {"step": int(ckpt.name.split("_")[1]), **stats(trained), **compare(held_out, trained)}
         )
@@ -271,21 +309,35 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rl-steps", type=int, default=60)
     p.add_argument("--json", help="also write the result here")
+    p.add_argument("--quick", action="store_true", help="QUICK's sizes and 2 RL steps: seconds")
     args = p.parse_args()
+    args.sizes = QUICK if args.quick else Sizes()
+    if args.quick:
+        args.rl_steps = 2
     torch.set_num_threads(1)
     out = Path(args.out)
     t0 = time.perf_counter()
-    base = base_model(out, args.seed)
-    result: dict[str, Any] = {"seed": args.seed, "command": " ".join(sys.argv), "recipes": RECIPES}
+    base = base_model(out, args.seed, args.quick)
+    result: dict[str, Any] = {
+        "seed": args.seed,
+        "command": " ".join(sys.argv),
+        "quick": args.quick,
+        "recipes": RECIPES,
+    }
     # What the people compare: completions at temperatures 1 and 1.5 (the hotter ones include broken answers,
     # which a reward model must learn to rank low before RL samples them). The length rule is asked about the
     # hot samples, whose lengths vary (at temperature 1 every answer to a problem has about the same length).
-    warm, hot = sample(base, "train", 3000, 4, args.seed), sample(base, "train", 3000, 4, args.seed, 1.5)
-    held_out = sample(base, "test", 500, 1, args.seed)
+    n = args.sizes.train_problems
+    warm, hot = sample(base, "train", n, 4, args.seed), sample(base, "train", n, 4, args.seed, 1.5)
+    if args.quick:
+        warm = with_references(warm)
+    held_out = sample(base, "test", args.sizes.held_out, 1, args.seed)
     result["base"] = stats(held_out)
     result["reward_models"] = {
-        "closer": reward_model("closer", "closer", [a + b[:2] for a, b in zip(warm, hot)], 400, args),
-        "length": reward_model("length", "length", hot, 200, args),
+        "closer": reward_model(
+            "closer", "closer", [a + b[:2] for a, b in zip(warm, hot)], args.sizes.rm_steps[0], args
+        ),
+        "length": reward_model("length", "length", hot, args.sizes.rm_steps[1], args),
     }
     result["rl"] = {
         f"{name}/{recipe}": rl_against(name, recipe, held_out, args)

@@ -29,14 +29,22 @@ BEHAVIOUR_SHOWN = (
 )
 
 
-def run_one(seed: int, numbers: int, minutes: float, out: str) -> dict[str, Any]:
-    """One recipe run, condensed to the numbers the benchmark reports."""
+def run_one(seed: int, numbers: int, minutes: float, out: str, quick: bool = False) -> dict[str, Any]:
+    """One recipe run, condensed to the numbers the benchmark reports (`quick`: a plan of seconds)."""
     import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from keelrl.demo_search import run_search_demo
+    from keelrl.demo_search import SearchPlan, run_search_demo
 
-    s = run_search_demo(seed=seed, minutes=minutes, out=Path(out) / f"n{numbers}_seed{seed}", numbers=numbers)
+    plan = None
+    if quick:
+        plan = SearchPlan(
+            pretrain_steps=3, pretrain_batch=2, pack_length=128, rl_steps=2, rl_batch=32, group_size=4,
+            max_new_tokens=16, eval_every=1, eval_problems=4, rl_eval_problems=4,
+        )  # fmt: skip
+    s = run_search_demo(
+        seed=seed, minutes=minutes, out=Path(out) / f"n{numbers}_seed{seed}", numbers=numbers, plan=plan
+    )
 
     def stats(side: dict[str, Any]) -> dict[str, float]:
         return {k: round(side[f"search/{k}"], 4) for k in BEHAVIOUR_SHOWN if f"search/{k}" in side}
@@ -64,16 +72,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/bench_search")
     ap.add_argument("--no-four", action="store_true", help="skip the four-number run")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each uses one thread)")
+    ap.add_argument(
+        "--quick", action="store_true", help="one three-number run (seed 0) on a plan of seconds: 3 + 2 steps"
+    )
     args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.no_four = "0", True
     runs = [(int(s), 3) for s in args.seeds.split(",") if s.strip()]
     if not args.no_four:
         runs.append((0, 4))
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_one, seed, n, args.minutes, args.out) for seed, n in runs]
+        futures = [pool.submit(run_one, seed, n, args.minutes, args.out, args.quick) for seed, n in runs]
         results = [f.result() for f in futures]
     three = [r for r in results if r["numbers"] == 3]
     report = {
         "benchmark": "search_recipe",
+        "quick": args.quick,
         "minutes_per_run": args.minutes,
         "runs": results,
         "three_numbers": {

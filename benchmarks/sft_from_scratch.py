@@ -30,7 +30,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--examples", type=int, default=4000)
     ap.add_argument("--out", default="/tmp/sft_bench")
+    ap.add_argument(
+        "--quick", action="store_true", help="22 steps of 8 examples (the loss-spike window is 20): seconds"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.examples = 22, 200
     torch.set_num_threads(1)
     out = Path(args.out)
     tok = build_char_tokenizer()
@@ -54,6 +59,11 @@ def main() -> None:
         "log": {"progress": False},
         "supervisor": {"enabled": False},
     }
+    if args.quick:
+        cfg["data"].update(batch_size=8, eval_fraction=0.1)
+        cfg["train"]["micro_batch_size"] = 8
+        cfg["eval"].update(every_steps=11, problems=8)
+        cfg["checkpoint"]["every_steps"] = 11
     t0 = time.time()
     train(config_from_dict(cfg), out / "run", resume="never")
     records = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -68,6 +78,8 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "benchmark": "sft_from_scratch",
+                "quick": args.quick,
                 "steps": len(nll),
                 "wall_s": round(time.time() - t0, 1),
                 "evals": evals,

@@ -227,8 +227,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--fast", action="store_true", help="also measure keelrl's fastest CPU settings (compiles)"
     )
+    p.add_argument("--quick", action="store_true", help="vs_trl.py's micro shape, one repeat: seconds")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
+    if a.quick:
+        a.shapes, a.repeats = "micro", 1
     torch.set_num_threads(a.threads)
     cache = Path(a.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)

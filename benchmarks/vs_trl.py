@@ -116,8 +116,24 @@ SHAPES["tiny2m"] = replace(
     tiny={**SHAPES["tiny"].tiny, "hidden_size": 192, "num_layers": 3},
 )
 
-# --quick: one round, fewer steps, and a smaller SmolLM2 batch (one prompt x 8 completions x 16 tokens)
+# --quick's default shape: every code path of the comparison in seconds (a 1-layer model, 8 completions a
+# step); its numbers mean nothing
+SHAPES["micro"] = replace(
+    SHAPES["tiny"],
+    name="micro",
+    prompts_per_step=2,
+    group_size=4,
+    max_new_tokens=8,
+    micro_batch_size=4,
+    steps=1,
+    warmup=1,
+    tiny={**SHAPES["tiny"].tiny, "hidden_size": 32, "num_layers": 1, "num_heads": 2},
+)
+
+# --quick: one round, fewer steps, and a smaller SmolLM2 batch (one prompt x 8 completions x 16 tokens); with
+# no --shapes, the micro shape alone
 QUICK = {
+    "micro": {},
     "tiny": {"steps": 4, "warmup": 1},
     "tiny2m": {"steps": 4, "warmup": 1},
     "smollm2": {"steps": 1, "warmup": 1, "prompts_per_step": 1, "max_new_tokens": 16},
@@ -330,8 +346,9 @@ def worker_keelrl(spec: dict[str, Any]) -> dict[str, Any]:
                 "trained_tokens": m.get("tokens/trained", float("nan")),
             }
         )
-    seen = [i for i in range(len(expected)) if i in run.prompt_cache]  # problem index -> (prompt ids, prefix)
-    identical = len(seen) == len(expected) and all(run.prompt_cache[i][0] == expected[i] for i in seen)
+    cache = run.prompter.cache  # problem index -> (prompt ids, prefix)
+    seen = [i for i in range(len(expected)) if i in cache]
+    identical = len(seen) == len(expected) and all(cache[i][0] == expected[i] for i in seen)
     return {"steps": steps, "prompt_ids_identical": identical, "rss_self_mb": _rss_mb_self()}
 
 
@@ -478,11 +495,10 @@ def run_worker(spec: dict[str, Any], work: Path) -> dict[str, Any]:
     return result
 
 
-def matmul_peak(threads: int, seconds: float = 1.5) -> dict[str, float]:
-    """GFLOP/s of a 2048^3 matmul (fp32 and bf16) with `threads` torch threads."""
+def matmul_peak(threads: int, seconds: float = 1.5, n: int = 2048) -> dict[str, float]:
+    """GFLOP/s of an n^3 matmul (fp32 and bf16) with `threads` torch threads."""
     torch.set_num_threads(threads)
     out = {}
-    n = 2048
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         torch.mm(a, b)
@@ -719,9 +735,14 @@ def bench_shape(
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--quick", action="store_true", help="a reduced run (few steps, one round), under 3 minutes"
+        "--quick",
+        action="store_true",
+        help="a reduced run (few steps, one round, a short matmul peak); without --shapes the micro shape "
+        "alone, seconds (the test suite's check that the benchmark runs)",
     )
-    p.add_argument("--shapes", default="tiny,smollm2", help="comma-separated: " + ",".join(SHAPES))
+    p.add_argument(
+        "--shapes", default="", help="comma-separated: " + ",".join(SHAPES) + " (default tiny,smollm2)"
+    )
     p.add_argument("--rounds", type=int, default=2, help="keelrl/TRL pairs per shape (order alternates)")
     p.add_argument("--steps", type=int, default=0, help="override the timed steps per run")
     p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
@@ -745,11 +766,13 @@ def main(argv: list[str] | None = None) -> None:
     cache_dir = Path(a.cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     rounds = 1 if a.quick else a.rounds
+    shapes = a.shapes or ("micro" if a.quick else "tiny,smollm2")
+    peak_args = (a.threads, 0.1, 256) if a.quick else (a.threads,)
     started = time.time()
     load_before = os.getloadavg()
-    peak_before = matmul_peak(a.threads)
+    peak_before = matmul_peak(*peak_args)
     results: dict[str, Any] = {}
-    for name in a.shapes.split(","):
+    for name in shapes.split(","):
         shape = SHAPES[name]
         if a.quick:
             shape = Shape(**{**asdict(shape), **QUICK[name]})
@@ -758,7 +781,7 @@ def main(argv: list[str] | None = None) -> None:
         for variant in a.variants.split(","):
             key = name if variant == "fp32" else f"{name}_{variant}"
             results[key] = bench_shape(shape, variant, rounds, a.threads, a.seed, cache_dir, overrides)
-    peak_after = matmul_peak(a.threads)
+    peak_after = matmul_peak(*peak_args)
     peak = {k: max(peak_before[k], peak_after[k]) for k in peak_before}
     for r in results.values():
         for side in ("keelrl", "trl"):

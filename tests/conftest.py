@@ -4,7 +4,9 @@ tests are all `slow`."""
 
 from __future__ import annotations
 
+import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,67 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.is_relative_to(here) and (tier := item.path.relative_to(here).parts[0]) in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+# Skips, said out loud (one shared hook for every optional component: vLLM, containers, Ray, ...). At the end of
+# every run: how many tests were skipped, grouped by reason with counts, and how many `-m` deselected.
+# KEELRL_REQUIRE="vllm,podman" (comma-separated, case-insensitive; `make test` sets it for what install-dev
+# installs) turns a skip whose reason names one of them into a failed run: where a component installs, its
+# tests must run, not skip. A reason should therefore name what is missing ("vLLM is not installed ...").
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _required_skips(reasons: Counter[str]) -> list[str]:
+    required = [n.strip().lower() for n in os.environ.get("KEELRL_REQUIRE", "").split(",") if n.strip()]
+    return [r for r in reasons if any(n in r.lower() for n in required)]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    reasons = Counter(_skip_reason(r) for r in terminalreporter.stats.get("skipped", []))
+    deselected = len(terminalreporter.stats.get("deselected", []))
+    if not reasons and not deselected:
+        return
+    terminalreporter.section("skips by reason")
+    keyword = config.option.keyword
+    chosen = f"-m {config.option.markexpr!r}" + (f" -k {keyword!r}" if keyword else "")
+    terminalreporter.line(
+        f"{sum(reasons.values())} skipped (a module skipped at import counts once); {deselected} deselected "
+        f"by {chosen}"
+    )
+    for reason, n in reasons.most_common():
+        terminalreporter.line(f"{n:5d}  {reason}")
+    for reason in _required_skips(reasons):
+        terminalreporter.line(
+            f"ERROR: KEELRL_REQUIRE={os.environ['KEELRL_REQUIRE']} but skipped: {reason}", red=True
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and exitstatus == 0:
+        reasons = Counter(_skip_reason(r) for r in reporter.stats.get("skipped", []))
+        if _required_skips(reasons):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session")
+def container_runtime() -> str:
+    """A container runtime with the debian:bookworm-slim base-image stand-in (sandbox/images.py: built once per
+    machine, cached by hash); skips, saying why, where no runtime can run (make test then requires it: podman)."""
+    from keelrl.sandbox.boxes import BoxError, find_runtime
+    from keelrl.sandbox.images import make_stand_ins
+
+    rt = find_runtime()
+    if rt is None:
+        pytest.skip("no container runtime works here (podman or docker; `make system-deps` installs podman)")
+    try:
+        make_stand_ins(rt, ["debian:bookworm-slim"])
+    except BoxError as err:
+        pytest.skip(f"{rt.cli} works but the debian:bookworm-slim stand-in cannot be built: {err}")
+    return rt.cli
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ share of each micro-batch's backward. The math (GAE, whitening, the clipped valu
   The model lives in `TrainState.critic` with its own AdamW over its own parameters (`critic_optimizer`, lr
   `algo.critic_lr`; shared: the head only), checkpointed in `trainer_state.pt`, restored on resume and rollback.
 - `critic_advantages`: values of the batch (no grad) -> GAE with the outcome reward on the last trainable
-  position -> advantages whitened over the global batch's trainable tokens. Each rollout's logged advantage is
+  position (with `algo.kl_estimator = "k1_reward"`, minus kl_coef * k1 on every trainable token: PPO-RLHF's
+  per-token KL reward) -> advantages whitened over the global batch's trainable tokens. Each rollout's logged advantage is
   its token mean.
 - `critic_backward`: the clipped value loss of a micro-batch, a token mean over the global mini-batch (so
   micro-batching does not change it), backward into the value model; its optimizer steps when the policy's
@@ -85,16 +86,21 @@ def critic_advantages(
     world: World,
     micro_batch_size: int,
     autocast: Autocast,
+    kl_penalty: torch.Tensor | None = None,
 ) -> tuple[dict[str, float], float]:
     """Set `batch.advantages` ([B, T], whitened), `batch.returns` and `batch.old_values`; returns the metrics and
-    the mean |advantage| (the per-step guards' scale)."""
+    the mean |advantage| (the per-step guards' scale). `kl_penalty` [B, T]: a reward per token to subtract
+    (algo.kl_estimator = "k1_reward": each token's KL penalty, PPO-RLHF's per-token reward)."""
     mask = batch.target_mask
     values = batch.per_token_no_grad(
         micro_batch_size, autocast, lambda mb: critic(mb.input_ids, mb.attention_mask)
     )
     values = values * mask
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32, device=mask.device)
-    adv, returns = gae(terminal_rewards(mask, rewards), values, mask, algo.gamma, algo.lam)
+    token_rewards = terminal_rewards(mask, rewards)  # [B, T]
+    if kl_penalty is not None:
+        token_rewards = token_rewards - kl_penalty
+    adv, returns = gae(token_rewards, values, mask, algo.gamma, algo.lam)
     count = all_reduce_sum(float(mask.sum()), world)
     total, total_sq = (
         all_reduce_sum(float(adv.sum()), world),

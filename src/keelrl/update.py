@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from keelrl.algo.advantages import compute_advantages
 from keelrl.algo.logprobs import Autocast, LogprobModule, autocast_context
-from keelrl.algo.losses import token_weights
+from keelrl.algo.losses import kl_reward_penalty, token_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
 from keelrl.algo.offpolicy import (
     add_sums,
@@ -52,14 +52,20 @@ def advantage_phase(
 ) -> tuple[dict[str, float], float]:
     """Advantages into the rollouts and `batch.advantages`: from the global batch's rewards (gathered on every
     rank, each keeping its slice; rollouts without a reward are left out, `compute_advantages`' valid), or per
-    token from the critic (`gae`: critic.py). Returns the estimator's metrics and the mean |advantage| (the
-    per-step guards scale their loss bound by it)."""
+    token from the critic (`gae`: critic.py). With `algo.kl_estimator = "k1_reward"` the KL penalty comes off
+    the reward first: each sequence's summed kl_coef * k1 (the group statistics see the penalised reward), or
+    each token's (gae). Returns the estimator's metrics and the mean |advantage| (the per-step guards scale
+    their loss bound by it)."""
     a = run.cfg.algo
+    kl = None  # [B, T] algo.kl_estimator = "k1_reward": kl_coef * k1 per token, taken from the reward
+    if a.kl_estimator == "k1_reward" and batch.ref_logprobs is not None:
+        kl = a.kl_coef * kl_reward_penalty(batch.sampler_logprobs, batch.ref_logprobs, batch.target_mask)
     if a.advantage == "gae":
         assert state.critic is not None  # built by setup for gae
         mbs, autocast = run.cfg.train.micro_batch_size, run.cfg.train.autocast
-        return critic_advantages(state.critic, batch, rollouts, a, run.world, mbs, autocast)
-    local = [(r.reward, r.status == "ok") for r in rollouts]
+        return critic_advantages(state.critic, batch, rollouts, a, run.world, mbs, autocast, kl)
+    penalty = kl.sum(dim=1).tolist() if kl is not None else [0.0] * len(rollouts)  # each sequence's sum
+    local = [(r.reward - p, r.status == "ok") for r, p in zip(rollouts, penalty, strict=True)]
     rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 2]
     adv, metrics = compute_advantages(
         rows[:, 0], run.cfg.rollout.group_size, a.advantage, a.std_eps, a.group_baseline, rows[:, 1] > 0
@@ -383,7 +389,9 @@ def minibatch_backward(
     module = as_logprob_module(policy)
     scale = loss_scale(world)
     g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
-    g_seqs = all_reduce_sum(float((batch.target_mask[idx].sum(dim=1) > 0).sum()), world)  # sequences trained on
+    g_seqs = all_reduce_sum(
+        float((batch.target_mask[idx].sum(dim=1) > 0).sum()), world
+    )  # sequences trained on
     sums: dict[str, float] = {"ratio/max": 0.0}
     offpolicy: dict[str, float] = {}  # behaviour_sums when pi_prox comes from this forward
     mbs = list(micro_batches(batch, idx, micro_batch_size, group_prompts=share_prefix))

@@ -3,6 +3,7 @@ resume from a checkpoint continues exactly (policy and critic), and the warm-up 
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -22,6 +23,7 @@ CRITIC = [
     "algo.critic_lr=1e-3",
     "train.steps=4",
     "checkpoint.every_steps=2",
+    "log.rollouts_per_step=16",  # every rollout of a step (rollout.batch_size 16)
 ]
 
 
@@ -59,6 +61,16 @@ def test_critic_learns_resumes_exactly_and_warms_up(
             "critic/grad_norm",
         } <= set(m)
     assert metrics[0]["critic/value_mean"] == 0.0  # the zero-initialised head
+    # so at step 1 every value is 0 and GAE (gamma 1, lam 0.95) gives each token 0.95^(tokens after it) * R:
+    # the returns' and the raw advantages' token mean, from the logged rollouts (all trainable, all scored)
+    with gzip.open(tmp_path / "clean" / "rollouts.jsonl.gz", "rt") as f:
+        first = [r for r in map(json.loads, f) if r["step"] == 1]
+    assert len(first) == 16
+    tokens = sum(r["completion_tokens"] for r in first)
+    want = sum(r["reward"] * sum(0.95**j for j in range(r["completion_tokens"])) for r in first) / tokens
+    assert want > 0
+    assert metrics[0]["critic/return_mean"] == pytest.approx(want, rel=1e-5)
+    assert metrics[0]["advantage/mean"] == pytest.approx(want, rel=1e-5)
     assert metrics[-1]["critic/value_mean"] != 0.0  # the critic has learned something
     assert metrics[-1]["critic/value_loss"] < metrics[0]["critic/value_loss"]
     assert "Critic (algo.advantage = gae)" in render_report([tmp_path / "clean"])  # keelrl report plots it

@@ -31,15 +31,17 @@ def _perturbed_ref_logprobs(model: torch.nn.Module, batch, scale: float = 0.05) 
 def _check_kl_term(
     model: torch.nn.Module, batch, grads: Grads, kl_coef: float, agg: LossAgg, max_new_tokens: int
 ) -> None:
-    """The update with `kl_coef` minus the same update without KL must be kl_coef x the k3 estimate of
-    KL(policy || reference), computed here from its definition, in the loss and in every gradient."""
+    """The update with `kl_coef` minus the same update without KL must be kl_coef x the default KL term (k3_is:
+    the ratio pi / pi_old times the k3 estimate of KL(policy || reference)), computed here from its definition,
+    in the loss and in every gradient."""
     loss_kl, g_kl = grads(kl_coef)
     loss_0, g_0 = grads(0.0)
     model.zero_grad(set_to_none=True)
     lp, _ = completion_logprobs(model, batch.input_ids, batch.attention_mask, batch.target_mask, 1.0)
     w = token_weights(batch.target_mask, agg, float(batch.target_mask.sum()), len(lp), max_new_tokens)
     log_r = batch.ref_logprobs - lp
-    kl = ((log_r.exp() - 1 - log_r) * w).sum()
+    ratio = torch.exp(lp - batch.old_logprobs)
+    kl = (ratio * (log_r.exp() - 1 - log_r) * w).sum()
     kl.backward()
     expected = [kl_coef * p.grad for p in model.parameters()]
     assert float(kl.detach()) > 1e-3  # the reference really differs from the policy

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from keelrl.algo.losses import kl_penalty, ppo_clip_loss, token_weights
+from keelrl.algo.losses import kl_penalty, kl_reward_penalty, ppo_clip_loss, token_weights
 
 
 def _loss(ratio: float, adv: float, lo: float = 0.2, hi: float = 0.28, dual: float = 0.0):
@@ -57,3 +57,22 @@ def test_token_weights_worked_numbers() -> None:
     assert torch.allclose(w, torch.tensor([[0.25, 0.25, 0.0], [0.5, 0.0, 0.0]]))
     w = token_weights(mask, "constant", global_tokens=3, global_seqs=2, max_new_tokens=4)
     assert torch.allclose(w, mask / 8)
+
+
+def test_a_row_without_trainable_tokens_weighs_nothing_and_makes_no_nan() -> None:
+    """A rollout left out of training (status not "ok", or an empty completion) has an all-zero mask row: under
+    seq_mean_token_mean its weights are 0, not 0 / 0, and the loss over the batch stays finite."""
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    w = token_weights(mask, "seq_mean_token_mean", global_tokens=2, global_seqs=1, max_new_tokens=2)
+    assert torch.equal(w, torch.tensor([[0.5, 0.5], [0.0, 0.0]]))
+    per_token = torch.tensor([[1.0, 3.0], [5.0, 7.0]])
+    assert float((per_token * w).sum()) == 2.0
+
+
+def test_kl_reward_penalty_is_k1_of_the_sampled_tokens_on_the_mask() -> None:
+    # sampler log-probs log 0.5, log 0.25; reference log 0.25 on both: k1 = log 2, 0; the padding's value is 0
+    sampler = torch.tensor([[math.log(0.5), math.log(0.25), 3.0]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.25), math.log(0.25), -3.0]])
+    penalty = kl_reward_penalty(sampler, ref, torch.tensor([[1.0, 1.0, 0.0]]))
+    assert torch.allclose(penalty, torch.tensor([[math.log(2), 0.0, 0.0]]))
+    assert not penalty.requires_grad  # a reward: no gradient through it

@@ -75,6 +75,12 @@ def test_advantage_sign_per_token_and_per_row() -> None:
     assert stats["clipfrac/low"] == stats["clipfrac/high"] == stats["clipfrac/dual"] == 0.0
 
 
+def test_ratio_max_reads_trainable_tokens_only() -> None:
+    # row 1's second position is padding with ratio 50: it is neither trained nor the largest ratio
+    _, _, stats, _ = run([[1.5, 1.0], [1.2, 50.0]], [1.0, -1.0], [2, 1])
+    assert stats["ratio/max"] == pytest.approx(1.5)
+
+
 def test_asymmetric_clip_bounds() -> None:
     # clip range [1 - 0.2, 1 + 0.28] = [0.8, 1.28]; 6 tokens, w = 1/6.
     # row 0, A = +1: r 1.5 -> clipped to 1.28, loss -1.28, no grad (clipfrac/high)
@@ -197,10 +203,12 @@ def test_metrics_are_token_means_under_constant_normaliser() -> None:
     # trainable ratios: row 0 (A=+1) 1.5, 1, 1; row 1 (A=-1) 10; row 2 (A=-1) 0.5, 1.
     # per-token pg: -1.28 (clipped high), -1, -1; 3 (dual cap, from 10); 0.8 (clipped low), 1 -> sum 1.52.
     # kl/old: k3 of old/new = 1/ratio; kl/ref: k3 of ref/new = 0.5/ratio; each a mean over the 6 tokens.
+    # The loss's KL term (k3_is, the default) is each token's ratio times its k3, over the constant normaliser.
     kl_ref_sum = k3(0.5 / 1.5) + 3 * k3(0.5) + k3(0.05) + k3(1.0)
+    kl_loss_sum = 1.5 * k3(0.5 / 1.5) + 3 * k3(0.5) + 10 * k3(0.05) + 0.5 * k3(1.0)
     loss, _, s, _ = run(**MINI, algo=AlgoConfig(**MINI_ALGO), max_new_tokens=5)
     assert s["loss/policy"] == pytest.approx(1.52 / 15, rel=1e-5)
-    assert loss == s["loss/total"] == pytest.approx(1.52 / 15 + 0.1 * kl_ref_sum / 15, rel=1e-5)
+    assert loss == s["loss/total"] == pytest.approx(1.52 / 15 + 0.1 * kl_loss_sum / 15, rel=1e-5)
     assert s["entropy"] == pytest.approx((1 + 2 + 3 + 4 + 5 + 6) / 6)  # 3.5, not 21/15 = 1.4
     assert s["clipfrac/high"] == s["clipfrac/low"] == s["clipfrac/dual"] == pytest.approx(1 / 6)
     assert s["kl/old"] == pytest.approx((k3(1 / 1.5) + k3(0.1) + k3(2.0)) / 6, rel=1e-5)

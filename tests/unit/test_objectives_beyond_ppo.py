@@ -95,6 +95,22 @@ def test_gspo_and_gspo_token_differ_where_token_weights_differ() -> None:
     close(g_tok, [[-S0 / 6, -S0 / 3], [0.0, 0.0]])
 
 
+@pytest.mark.parametrize("objective", ["gspo", "gspo_token"])
+def test_gspo_asymmetric_sequence_clip(objective: str) -> None:
+    """seq_clip_low 0.02, seq_clip_high 0.05: the band [0.98, 1.05]. One-token rows (s = the token's ratio),
+    token_mean over 4 tokens, A = +1, +1, -1, -1:
+    s 1.04 (A > 0): inside, pg -1.04, grad -1.04 / 4 (the swapped band [0.95, 1.02] would clip it: grad 0)
+    s 1.06 (A > 0): above, clipped to -1.05, grad 0
+    s 0.97 (A < 0): below, max(0.97, 0.98) = 0.98, grad 0 (inside the swapped band: grad +0.97 / 4)
+    s 0.99 (A < 0): inside, pg 0.99, grad +0.99 / 4
+    loss = (-1.04 - 1.05 + 0.98 + 0.99) / 4 = -0.03"""
+    algo = AlgoConfig(objective=objective, seq_clip_low=0.02, seq_clip_high=0.05)
+    loss, grad, m = run([[1.04], [1.06], [0.97], [0.99]], [1.0, 1.0, -1.0, -1.0], [1, 1, 1, 1], algo)
+    assert loss == pytest.approx(-0.03, abs=1e-6)
+    close(grad, [[-1.04 / 4], [0.0], [0.0], [0.99 / 4]])
+    assert m["clipfrac/high"] == pytest.approx(0.25) and m["clipfrac/low"] == pytest.approx(0.25)
+
+
 def test_cispo_worked_numbers_keeps_every_token() -> None:
     # ratios row 0 [1.2, 6.0] (A = +1), row 1 [0.5] (A = -1); cispo_max 5: weights 1.2, 5.0 (clipped), 0.5.
     # pg = -w A log r: -1.2 log 1.2 = -0.218786, -5 log 6 = -8.958797, -0.5 * -1 * log 0.5 = -0.346574;

@@ -47,6 +47,17 @@ def test_every_correction_at_token_level() -> None:
     assert set(CORRECTIONS) == {"off", "decoupled", "tis", "mis"}
 
 
+def test_tis_truncates_only_from_above() -> None:
+    """min(rho, C): a ratio far below 1 keeps its weight (0.25 stays 0.25 with C = 2; a two-sided truncation to
+    [1/C, C] would raise it to 0.5), only ratios above C are cut."""
+    prox = torch.tensor([[0.25, 0.4, 3.0]]).log()
+    w, sums = correction_weights(
+        prox, torch.zeros(1, 3), torch.ones(1, 3), AlgoConfig(correction="tis", is_cap=2.0)
+    )
+    close(w, [[0.25, 0.4, 2.0]])
+    assert behaviour_metrics(sums)["behaviour/cut_frac"] == pytest.approx(1 / 3)
+
+
 def test_every_correction_at_sequence_level() -> None:
     close(weights("decoupled", "sequence"), [[G0] * 3, [G1, G1, 0.0]])
     close(weights("tis", "sequence", is_cap=1.5), [[1.5] * 3, [G1, G1, 0.0]])

@@ -3,6 +3,10 @@ sampling process (rollout/process.py) against the in-process sampler."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -71,12 +75,51 @@ def test_schedule_versions_and_order(pipe) -> None:
         rollouts, metrics = p.take(step)
         assert {r.policy_version for r in rollouts} == {scheduled_version(step, 2)}
         assert [r.completion_ids[0] for r in rollouts] == [scheduled_version(step, 2)] * 2
-        assert set(metrics) == {"time/trainer_wait_s", "time/sampler_wait_s"}
+        assert set(metrics) == {"time/trainer_wait_s", "time/sampler_wait_s", "async/batches_ready"}
+        assert metrics["async/batches_ready"] in (0.0, 1.0, 2.0)  # of the 2 later steps submitted
         p.push(weights(), step + 1)  # the update of `step` made version step + 1
         p.submit(step + 3, episodes(task, step + 3))
     # every batch was sampled after the push of its version and before the next one
     assert sampler.calls[:4] == [("push", 0), ("generate", 0), ("generate", 0), ("generate", 0)]
     assert sampler.calls[4:6] == [("push", 1), ("generate", 1)]
+
+
+def test_a_push_sends_the_weights_as_they_were_when_pushed(pipe) -> None:
+    """The worker loads a push later, while the trainer's next update changes the policy in place: the push
+    must carry a snapshot, or the sampler would get a later version's weights under this version's number."""
+    p, sampler, task = pipe
+    received = []
+    load = sampler.update_weights
+
+    def recording(weights, version: int) -> None:
+        received.append((version, [float(t[0]) for _, t in weights]))
+        load(weights, version)
+
+    sampler.update_weights = recording
+    sampler.gate.clear()  # the worker is busy sampling: the push waits in the queue
+    p.push(weights(), 0)
+    p.submit(0, episodes(task, 0))
+    live = torch.zeros(1)
+    p.push([("w", live)], 1)
+    live.add_(5.0)  # the trainer's next update, before the worker reaches the push
+    sampler.gate.set()
+    p.take(0)
+    p.drain()
+    assert received == [(0, [0.0]), (1, [0.0])]
+
+
+def test_a_batch_sampled_by_another_version_is_refused(pipe) -> None:
+    p, sampler, task = pipe
+    sampler.update_weights = lambda weights, version: setattr(sampler, "policy_version", 0)  # stuck at 0
+    p.push(weights(), 0)
+    for step in range(3):
+        p.submit(step, episodes(task, step))
+    for step in range(3):
+        p.take(step)
+    p.push(weights(), 1)
+    p.submit(3, episodes(task, 3))  # scheduled version 1, sampled by 0 (the engine never moved)
+    with pytest.raises(PipelineError, match=r"sampled by versions \[0\], scheduled 1"):
+        p.take(3)
 
 
 def test_out_of_schedule_submissions_are_refused(pipe) -> None:
@@ -107,11 +150,44 @@ def test_drain_and_restore_round_trip(pipe, char_tokenizer) -> None:
         assert other.next_step == 3 and other.pushed_version == -1
         restored, _ = other.take(0)
         original, _ = p.take(0)
+        assert [d["step"] for d in p.drain()] == [1, 2]  # a batch taken is no longer queued (nor saved)
         assert [(r.completion_ids, r.sample_logprobs, r.policy_version, r.sampling) for r in restored] == [
             (r.completion_ids, r.sample_logprobs, r.policy_version, r.sampling) for r in original
         ]
         with pytest.raises(PipelineError, match="do not fit the schedule"):
             other.restore(saved, 1)  # a checkpoint of step 1 must start with step 1's batch
+    finally:
+        other.shutdown()
+
+
+def test_restored_empty_the_queue_starts_afresh_at_the_step(pipe, char_tokenizer) -> None:
+    """After a rollback to step 5 (k = 2) nothing queued is kept: the batches of steps 5, 6, 7 are sampled by the
+    restored version 5 (the schedule's floor), then the schedule goes on (step 8: version 6). A checkpoint of
+    that queue restores; one whose versions do not follow the schedule from its first batch is refused."""
+    p, _, task = pipe
+    p.push(weights(), 0)
+    for step in range(3):
+        p.submit(step, episodes(task, step))
+    p.restore([], 5)  # drops steps 0-2
+    assert p.batches == {} and p.next_step == 5 and p.pushed_version == -1
+    with pytest.raises(PipelineError, match="version 5"):
+        p.push(weights(), 3)
+        p.submit(5, episodes(task, 5))  # version 3 = 5 - k, but the weights of 3 are gone: 5 is the floor
+    p.push(weights(), 5)
+    for step in (5, 6, 7):
+        p.submit(step, episodes(task, step))
+    assert {r.policy_version for r in p.take(5)[0]} == {5}
+    p.push(weights(), 6)
+    p.submit(8, episodes(task, 8))
+    saved = p.drain()
+    assert [(d["step"], d["version"]) for d in saved] == [(6, 5), (7, 5), (8, 6)]
+    other = Pipeline(Scripted(), Prompter(task, char_tokenizer, "compact"), SETTINGS, staleness=2)
+    try:
+        other.restore(saved, 6)
+        assert other.floor == 5 and other.next_step == 9
+        bad = [saved[0], {**saved[1], "version": 6}, saved[2]]  # 5, 6, 6: step 7 is version 5 from floor 5
+        with pytest.raises(PipelineError, match="do not fit the schedule"):
+            other.restore(bad, 6)
     finally:
         other.shutdown()
 
@@ -153,21 +229,56 @@ def test_a_sampler_failure_reaches_the_trainer(pipe) -> None:
         p.take(0)
 
 
-def test_sampling_process_equals_the_in_process_sampler(
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """This process's torch threads set to `n` for a while. A matmul's reduction is split by thread count, so
+    the same weights give log-probs that differ in the last bit between 1 and 2 threads: a bit-for-bit
+    comparison between processes holds only at equal thread counts."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_sampling_process_equals_the_in_process_sampler_and_a_replaced_one_reloads(
     tiny_model, tiny_model_dir: Path, char_tokenizer
 ) -> None:
+    """Bit-identical to the in-process sampler at the same thread count (1 here, in both processes; the child
+    is pinned by ProcessSampler's `threads`). The weights pushed differ from model.path's, so a child that is
+    killed and replaced must be reloaded with them, or it samples model.path's weights; and with a copy of them
+    as pushed, since the trainer changes its tensors in place afterwards."""
     cfg = load_config("configs/smoke.toml", [f'model.path="{tiny_model_dir}"'])
-    sampler = ProcessSampler(cfg)
+    pushed = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in pushed.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
+    prompts, seeds = [[5, 6, 7], [8, 9]], [11, 12]
+    with torch_threads(1):
+        local = HFSampler(pushed, char_tokenizer).generate(prompts, SamplingSettings(8), seeds)
+        unpushed = HFSampler(tiny_model, char_tokenizer).generate(prompts, SamplingSettings(8), seeds)
+    assert [g.completion_ids for g in local] != [g.completion_ids for g in unpushed]  # the push matters
+    sampler = ProcessSampler(cfg, threads=1)
     try:
         with pytest.raises(SamplerProcessError, match="before update_weights"):
             sampler.generate([[1, 2, 3]], SETTINGS, [0])
-        sampler.update_weights(untied_state_dict(tiny_model).items(), 3)
-        prompts, seeds = [[5, 6, 7], [8, 9]], [11, 12]
-        local = HFSampler(tiny_model, char_tokenizer).generate(prompts, SamplingSettings(8), seeds)
+        sampler.update_weights(untied_state_dict(pushed).items(), 3)
         remote = sampler.generate(prompts, SamplingSettings(8), seeds)
         assert [(g.completion_ids, g.logprobs) for g in remote] == [
             (g.completion_ids, g.logprobs) for g in local
         ]
         assert sampler.policy_version == 3
+        with torch.no_grad():  # the trainer's next update changes the pushed tensors in place
+            for p in pushed.parameters():
+                p.mul_(0.5)
+        pid = sampler.engine_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        again = sampler.generate(prompts, SamplingSettings(8), seeds)  # replaced, reloaded, redone
+        assert sampler.engine_pid != pid and sampler.take_replaced() == 1
+        assert [(g.completion_ids, g.logprobs) for g in again] == [
+            (g.completion_ids, g.logprobs) for g in local
+        ]
     finally:
         sampler.shutdown()

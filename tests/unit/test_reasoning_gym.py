@@ -129,8 +129,12 @@ def test_curriculum_levels_are_the_buckets() -> None:
         inline("chain_sum", min_level=20).buckets()
     with pytest.raises(ValueError, match="no difficulty bucket 'L11'"):
         task.problem_in("L11", "train", 0)
-    # the ladder ends before a level that cannot generate (spell_backward L4 wants 11-letter words)
-    assert inline("spell_backward").buckets() == ["L0", "L1", "L2", "L3"]
+    # a level that cannot generate is an error naming it (spell_backward L4 wants 11-letter words), and the fix
+    with pytest.raises(
+        TaskError, match=r"level L4 cannot produce problems .*; set task.params.max_level = 3"
+    ):
+        inline("spell_backward").buckets()
+    assert inline("spell_backward", max_level=3).buckets() == ["L0", "L1", "L2", "L3"]
     # a dataset without a curriculum has the one bucket "all"
     acre = inline("acre", size=50)
     assert acre.buckets() == ["all"]

@@ -11,8 +11,8 @@ respect to the log-probs must agree to 1e-6. TRL's loss types map to keelrl's se
 | importance_sampling_level "sequence" with grpo (GSPO) | gspo, loss_agg seq_mean_token_mean |
 
 Differences on purpose, each shown by a test below:
-- TRL multiplies its KL term by the ratio (`use_bias_correction_kl`, default on); keelrl keeps the KL term a
-  property of the current policy. With it off they agree.
+- The KL term: keelrl's default `algo.kl_estimator = "k3_is"` is TRL's default (k3 times the ratio,
+  `use_bias_correction_kl` on); keelrl's "k3" is TRL's with it off. Both pairs agree.
 - TRL's entropy bonus is a token mean; keelrl normalises it like the loss: the same under token_mean.
 - TRL's sequence-level importance correction (`vllm_importance_sampling_mode = "sequence_mask"`) bounds the
   *product* of the token ratios; keelrl's `algo.correction = "mis"` at sequence level bounds their geometric mean (length-
@@ -56,7 +56,16 @@ def batch(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def trl_loss(b, loss_type: str, level: str = "token", eps=(0.2, 0.28), beta=0.0, entropy_coef=0.0, isw=None):
+def trl_loss(
+    b,
+    loss_type: str,
+    level: str = "token",
+    eps=(0.2, 0.28),
+    beta=0.0,
+    entropy_coef=0.0,
+    isw=None,
+    kl_ratio=False,
+):
     """TRL's loss and d loss / d log-probs on batch `b`."""
     lp = b["new"].clone().requires_grad_()
     n_tokens = b["mask"].sum()
@@ -71,7 +80,7 @@ def trl_loss(b, loss_type: str, level: str = "token", eps=(0.2, 0.28), beta=0.0,
         epsilon_high=eps[1],
         args=SimpleNamespace(
             delta=None,
-            use_bias_correction_kl=False,
+            use_bias_correction_kl=kl_ratio,
             steps_per_generation=1,
             sapo_temperature_pos=1.0,
             sapo_temperature_neg=1.0,
@@ -162,19 +171,41 @@ def test_cispo_matches_trl() -> None:
 
 
 def test_gspo_matches_trl_sequence_level_importance_sampling() -> None:
+    """Sequence ratios placed on purpose around an asymmetric band [0.98, 1.05] (token noise of zero mean per row
+    keeps each row's geometric mean exact): A > 0 above it (clipped, no gradient), A < 0 below it (clipped), A > 0
+    inside it but outside the swapped band [0.95, 1.02], A < 0 below it but inside the swapped band. So the
+    comparison runs through both clip paths and would see bounds swapped on either side."""
     b = batch(2)
-    b["new"] = b["old"] + 0.05 * torch.randn(B, T, generator=torch.Generator().manual_seed(6))
-    eps = (0.02, 0.03)  # sequence ratios on both sides of this band
+    noise = 0.05 * torch.randn(B, T, generator=torch.Generator().manual_seed(6)) * b["mask"]
+    noise = noise - (noise.sum(1, keepdim=True) / b["mask"].sum(1, keepdim=True)) * b["mask"]
+    log_s = torch.tensor([0.1, -0.1, 0.03, -0.03])  # s = 1.105, 0.905, 1.030, 0.970
+    b["new"] = b["old"] + (log_s[:, None] + noise) * b["mask"]
+    b["adv"] = torch.tensor([1.0, -0.5, 2.0, -1.5])
+    eps = (0.02, 0.05)
+    seq = torch.exp(((b["new"] - b["old"]) * b["mask"]).sum(1) / b["mask"].sum(1))
+    torch.testing.assert_close(seq, log_s.exp())
     algo = AlgoConfig(
         objective="gspo", seq_clip_low=eps[0], seq_clip_high=eps[1], loss_agg="seq_mean_token_mean"
     )
-    agree(trl_loss(b, "grpo", level="sequence", eps=eps), keelrl_loss(b, algo))
+    ours = keelrl_loss(b, algo)
+    agree(trl_loss(b, "grpo", level="sequence", eps=eps), ours)
+    # rows 0, 1 and 3 are clipped (no gradient), row 2 is not
+    assert [bool(ours[1][i].abs().sum() > 0) for i in range(B)] == [False, False, True, False]
 
 
-def test_kl_term_matches_trl_without_its_ratio_weighting() -> None:
+@pytest.mark.parametrize("estimator", ["k3_is", "k3"])
+def test_kl_term_matches_trl(estimator: str) -> None:
+    """k3_is = TRL's default (k3 times the ratio to the old policy, with its gradient); k3 = TRL's without it."""
     b = batch(3)
-    algo = AlgoConfig(objective="ppo_clip", clip_low=0.2, clip_high=0.28, loss_agg="token_mean", kl_coef=0.1)
-    agree(trl_loss(b, "dapo", beta=0.1), keelrl_loss(b, algo))
+    algo = AlgoConfig(
+        objective="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.28,
+        loss_agg="token_mean",
+        kl_coef=0.1,
+        kl_estimator=estimator,
+    )
+    agree(trl_loss(b, "dapo", beta=0.1, kl_ratio=estimator == "k3_is"), keelrl_loss(b, algo))
 
 
 def test_entropy_bonus_matches_trl_under_token_mean() -> None:

@@ -137,3 +137,37 @@ def test_one_stale_engine_of_a_pool_fails_the_check(tmp_path: Path) -> None:
     assert [e["kind"] for e in events] == ["weight_sync_failed"] and events[0]["gap_mean"] > 1e-3
     run.sampler = TwoEngines(good, CopyEngine(state.policy, run.tokenizer))  # two engines that follow
     assert sync_sampler(run, state, 3)["sync/gap_max"] < 1e-4
+
+
+@pytest.mark.parametrize(
+    "gaps, retried, fails", [((2.0, 0.5), True, False), ((2.0, 2.0), True, True), ((0.5,), False, False)]
+)
+def test_the_tolerance_is_the_boundary_and_the_retry_resets_the_prefix_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gaps: tuple[float, ...], retried: bool, fails: bool
+) -> None:
+    """The check's decisions on gaps given as multiples of vllm.tolerance (1e-3): a mean gap of 2x the tolerance
+    fails the check, 0.5x passes; after a failure the weights are pushed again with the prefix cache reset (the
+    engine's cached keys may hold the old weights), and a second failure stops the step."""
+    from keelrl import weight_sync
+    from keelrl.rollout.sync_check import SyncGap
+
+    run, state, events = make_run(tmp_path, False)
+    pushes: list[bool] = []
+    load = run.sampler.update_weights
+    run.sampler.update_weights = lambda w, v, reset_prefix_cache=True: (
+        pushes.append(reset_prefix_cache),
+        load(w, v),
+    )
+    queue = [SyncGap(max=3 * g * 1e-3, mean=g * 1e-3, tokens=10) for g in gaps]
+    monkeypatch.setattr(weight_sync, "probe", lambda run, state: queue.pop(0))
+    if fails:
+        with pytest.raises(WeightSyncError, match="failed twice"):
+            sync_sampler(run, state, 1)
+    else:
+        out = sync_sampler(run, state, 1)
+        assert out["sync/retries"] == float(retried) and out["sync/gap_mean"] == pytest.approx(
+            gaps[-1] * 1e-3
+        )
+    assert pushes == [True, True] if retried else pushes == [True]
+    assert [e["kind"] for e in events][:1] == (["weight_sync_failed"] if retried else [])
+    assert not queue  # every gap was probed

@@ -112,10 +112,21 @@ class AlgoConfig(BaseModel):
         1, ge=1, description="Optimizer steps per pass: the batch is split into this many mini-batches."
     )
     kl_coef: float = Field(
-        0.0, ge=0.0, description="Weight of the KL-to-reference loss term (0 = no reference model)."
+        0.0, ge=0.0, description="Weight of the KL penalty to the reference model (0 = no reference model)."
     )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="Estimator of KL(pi || ref) per token (Schulman's k1, k2, k3)."
+    kl_estimator: Literal["k3_is", "k2", "k3", "k1", "k1_reward"] = Field(
+        "k3_is",
+        description=(
+            "How KL(pi || ref) is penalised, per token, with Schulman's estimators (log r = log ref - log pi; k1 = "
+            "-log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r) and the gradient each gives in expectation. In the loss: "
+            "k3_is (default): k3 times the ratio pi / pi_old: the gradient of KL(pi || ref), also on stale tokens "
+            "(DeepSeek-V3.2; TRL's default); k2: the gradient of KL(pi || ref) on-policy; k3: k3 alone, the GRPO "
+            "papers' convention, whose gradient is that of the reverse KL(ref || pi); k1: zero expected gradient (it "
+            "regularises nothing). In the reward: k1_reward, PPO-RLHF's convention: kl_coef * k1 of each sampled "
+            "token is subtracted from the reward before the advantages (outcome estimators: each sequence's sum, "
+            "before the group statistics; gae: a reward on each token), so the policy gradient is that of "
+            "E[reward] - kl_coef * KL(pi || ref). kl/ref logs k3's value whatever the choice."
+        ),
     )
     entropy_coef: float = Field(
         0.0, ge=0.0, description="Weight of the entropy bonus (subtracted from the loss)."

@@ -8,12 +8,13 @@ micro-batch losses are exactly the full-batch loss: micro-batching and data para
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "constant"]
-KLEstimator = Literal["k1", "k2", "k3"]
+KLEstimator = Literal["k1", "k2", "k3"]  # a value estimator (kl_penalty)
 
 
 def token_weights(
@@ -69,7 +70,8 @@ def ppo_clip_loss(
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
     """Per-token estimate of KL(pi || ref) from samples of pi, with log r = ref_logprobs - logprobs
-    (Schulman 2020): k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (unbiased, never negative)."""
+    (Schulman 2020): k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (unbiased, never negative).
+    Their values; what each does as a loss is `KL_LOSSES`'."""
     log_r = (ref_logprobs - logprobs).clamp(-20.0, 20.0)
     if estimator == "k1":
         return -log_r
@@ -78,6 +80,32 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KL
     if estimator == "k3":
         return torch.exp(log_r) - 1.0 - log_r
     raise ValueError(f"unknown KL estimator {estimator!r}")
+
+
+# algo.kl_estimator -> the KL term per token in the loss, from (logprobs, ref_logprobs, old_logprobs) [B, T]. The
+# tokens are samples of pi_old; the gradient each gives in expectation (tests/unit/test_kl_gradients.py):
+#   k3_is  ratio * k3, ratio = pi / pi_old with its gradient: grad KL(pi || ref), exactly, also off-policy; its
+#          value is an unbiased estimate of KL(pi || ref) (DeepSeek-V3.2; TRL's use_bias_correction_kl)
+#   k2     (log pi - log ref)^2 / 2: grad KL(pi || ref) when pi_old = pi (on-policy)
+#   k3     k3 alone, the GRPO papers' convention (DeepSeekMath): grad KL(ref || pi), the reverse direction
+#   k1     log pi - log ref: zero; it regularises nothing
+# "k1_reward" has no loss term: the penalty is in the reward (`kl_reward_penalty`).
+KL_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k3_is": lambda lp, ref, old: torch.exp((lp - old).clamp(-20.0, 20.0)) * kl_penalty(lp, ref, "k3"),
+    "k2": lambda lp, ref, old: kl_penalty(lp, ref, "k2"),
+    "k3": lambda lp, ref, old: kl_penalty(lp, ref, "k3"),
+    "k1": lambda lp, ref, old: kl_penalty(lp, ref, "k1"),
+}
+
+
+def kl_reward_penalty(
+    sampler_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """[B, T] k1 = log pi_sampler - log ref per trainable token, 0 elsewhere, no gradient: `algo.kl_estimator =
+    "k1_reward"` subtracts kl_coef times it from the reward before the advantages (PPO-RLHF; docs in
+    algo/config.py). Its expectation over a sequence is the sequence's KL(pi || ref), so the policy gradient of
+    the penalised reward is that of E[R] - kl_coef * KL(pi || ref)."""
+    return (sampler_logprobs - ref_logprobs).detach().clamp(-20.0, 20.0) * mask
 
 
 def sequence_log_ratio(

@@ -10,7 +10,9 @@ objective repeats its sequence's term on each of its tokens), the ratio it used,
 *global* counts, so summed micro-batches give the mini-batch: micro-batching never changes the loss), the KL
 term and the entropy bonus:
 
-    loss = sum_t w_t rho_t pg_t + kl_coef * sum_t w_t KL_t(pi || ref) - entropy_coef * sum_t w_t H_t
+    loss = sum_t w_t rho_t pg_t + kl_coef * sum_t w_t KL_t - entropy_coef * sum_t w_t H_t
+
+where KL_t is `algo.kl_estimator`'s term (losses.KL_LOSSES; the default k3_is has the gradient of KL(pi || ref)).
 
 Objectives, per trainable token t of sequence i, with r_t = exp(logprobs_t - old_logprobs_t), A_i the
 sequence's advantage (the same on all its tokens) and clip(x) = clamp(x, 1 - low, 1 + high):
@@ -32,10 +34,12 @@ Departures, stated:
 - The entropy bonus (and the KL term) is normalised like the loss, not as a token mean: `entropy_coef` then
   trades entropy against the policy term per token in the same ratio whatever `loss_agg` is (verl does the
   same; TRL logs and weighs entropy as a token mean).
-- The importance correction multiplies the policy-gradient term only; KL and entropy are properties of the
-  current policy, not of how the sample was drawn (TRL also weights its KL term by the ratio).
-- The KL to the reference is a loss term (GRPO), not a reward penalty; `kl/old` is k3 between the old and
-  current policy, for monitoring only.
+- The importance correction (is_weights) multiplies the policy-gradient term only; the entropy is a property of the
+  current policy. The KL term k3_is weights by pi / pi_old (the proximal policy, as TRL does), not by the
+  behaviour correction: with stale samples its expectation is over pi_old's tokens, not the sampler's.
+- The KL to the reference is a loss term (the GRPO papers' place) unless `algo.kl_estimator = "k1_reward"` (PPO-RLHF's
+  place: a penalty in the reward, update.advantage_phase); `kl/ref` is always k3's value, `kl/old` k3 between the
+  old and current policy, for monitoring only.
 - GSPO's normalisation is `loss_agg`'s: the paper averages over sequences (seq_mean_token_mean here); under
   token_mean a long sequence weighs more. The sequence ratio is clamped at exp(+-20) like every ratio here.
 - CISPO bounds the weight with absolute values [cispo_min, cispo_max] (ScaleRL's eps_max = 5 and TRL's
@@ -53,7 +57,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from keelrl.algo.losses import kl_penalty, ppo_clip_loss, sequence_log_ratio
+from keelrl.algo.losses import KL_LOSSES, kl_penalty, ppo_clip_loss, sequence_log_ratio
 
 if TYPE_CHECKING:
     from keelrl.config import AlgoConfig
@@ -171,10 +175,9 @@ def compute_loss(inputs: LossInputs, algo: AlgoConfig) -> tuple[torch.Tensor, di
         pg = pg * x.is_weights
     policy_loss = (pg * w).sum()
     loss = policy_loss
-    kl = None
-    if x.ref_logprobs is not None:
-        kl = kl_penalty(x.logprobs, x.ref_logprobs, algo.kl_estimator)  # [b, T]
-        loss = loss + algo.kl_coef * (kl * w).sum()
+    kl_term = KL_LOSSES.get(algo.kl_estimator)  # none: the KL is in the reward (k1_reward)
+    if x.ref_logprobs is not None and kl_term is not None:
+        loss = loss + algo.kl_coef * (kl_term(x.logprobs, x.ref_logprobs, x.old_logprobs) * w).sum()
     if algo.entropy_coef > 0:
         loss = loss - algo.entropy_coef * (x.entropy * w).sum()
     with torch.no_grad():
@@ -187,7 +190,7 @@ def compute_loss(inputs: LossInputs, algo: AlgoConfig) -> tuple[torch.Tensor, di
             "kl/old": (kl_penalty(x.logprobs, x.old_logprobs, "k3") * m).sum(),
             "ratio/max": torch.where(x.mask.bool(), out.ratio, 0.0).max(),
         }
-        if kl is not None:
-            named["kl/ref"] = (kl * m).sum()
+        if x.ref_logprobs is not None:  # k3's value, whatever the loss uses: one scale for every estimator
+            named["kl/ref"] = (kl_penalty(x.logprobs, x.ref_logprobs, "k3") * m).sum()
         values = torch.stack([v.float() for v in named.values()]).tolist()  # one device sync
     return loss, dict(zip(named, values, strict=True))

@@ -17,8 +17,17 @@ extended on resume continues exactly; the last checkpoint therefore samples k + 
 sampling process is replaced by the sampler itself, which reloads the last weights pushed (the ones the current
 batch needs) and redoes the batch from its start.
 
+Rollbacks. A rollback (a guard's) restores an older checkpoint whose queue holds the batches drawn and sampled
+before the trouble: replaying them would train the first k + 1 steps after the rollback on the very samples
+(problems and seeds) the rollback exists to leave behind. So they are dropped (`restore` with none), and the
+batches of steps s..s + k are drawn afresh (new seeds, the problem source's current cursor) and sampled by the
+restored version s, the oldest weights there are: the schedule is max(t - k, floor), with floor = s after a
+rollback (0 at the start). Those first batches are fresher than k, never staler.
+
 Metrics (`take`): time/trainer_wait_s, the time the trainer waited for its batch; time/sampler_wait_s, the time
-the sampler sat idle since the previous batch was taken, waiting for weights (the next version) to sample with.
+the sampler sat idle since the previous batch was taken, waiting for weights (the next version) to sample with;
+async/batches_ready, the batches of later steps already sampled when the trainer took its own (the queue: k
+when the sampler is ahead, 0 when the trainer waits on it).
 """
 
 from __future__ import annotations
@@ -41,9 +50,10 @@ class PipelineError(RuntimeError):
     """The asynchronous pipeline cannot go on (its sampler failed, or a restored batch does not fit)."""
 
 
-def scheduled_version(step: int, staleness: int) -> int:
-    """The policy version that samples the batch of `step`: max(step - k, 0)."""
-    return max(step - staleness, 0)
+def scheduled_version(step: int, staleness: int, floor: int = 0) -> int:
+    """The policy version that samples the batch of `step`: max(step - k, floor), floor being the step the queue
+    was last started from empty (0, or a rollback's step)."""
+    return max(step - staleness, floor)
 
 
 @dataclass
@@ -101,6 +111,7 @@ class Pipeline:
         self.batches: dict[int, Batch] = {}  # step -> batch, submitted and not yet taken
         self.next_step = 0  # the next step to submit
         self.pushed_version = -1
+        self.floor = 0  # the oldest version any batch may be sampled by (scheduled_version)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._done = threading.Condition()
         self._error: Exception | None = None
@@ -148,7 +159,7 @@ class Pipeline:
 
     def submit(self, step: int, episodes: list[Episode]) -> None:
         """Queue the batch of `step`; it is sampled by the version pushed last, which must be the scheduled one."""
-        version = scheduled_version(step, self.staleness)
+        version = scheduled_version(step, self.staleness, self.floor)
         if step != self.next_step or version != self.pushed_version:
             raise PipelineError(
                 f"batch of step {step} submitted out of schedule: expected step {self.next_step}, version {version} "
@@ -184,8 +195,10 @@ class Pipeline:
         del self.batches[step]
         with self._done:
             idle, self._idle_s = self._idle_s, 0.0
+            ready = sum(b.rollouts is not None for b in self.batches.values())  # the queue: sampled ahead
         assert batch.rollouts is not None
-        return batch.rollouts, {"time/trainer_wait_s": waited, "time/sampler_wait_s": idle}
+        waits = {"time/trainer_wait_s": waited, "time/sampler_wait_s": idle}
+        return batch.rollouts, {**waits, "async/batches_ready": float(ready)}
 
     def drain(self, on_wait: Callable[[], None] | None = None) -> list[dict[str, Any]]:
         """Wait until every submitted batch is sampled; return them as plain data (for `TrainState.pipeline`)."""
@@ -194,13 +207,19 @@ class Pipeline:
 
     def restore(self, saved: list[dict[str, Any]], step: int) -> None:
         """Replace what is queued by the sampled batches `saved` (from `drain`, at a checkpoint of `step`): they must
-        be the batches of steps step, step + 1, ... with their scheduled versions. Waits for the worker's current
-        job (its result is discarded)."""
-        self._wait_for(lambda: not self._busy and self._jobs.empty(), None)
+        be the batches of steps step, step + 1, ... with their scheduled versions. None (a start, or a rollback,
+        which drops the stored ones): the queue starts afresh at `step` (floor = step). Jobs not started are
+        dropped; the worker's current one is waited for (its result is discarded)."""
+        while not self._jobs.empty():
+            self._jobs.get_nowait()
+        self._wait_for(lambda: not self._busy, None)
         batches = [Batch.from_dict(d) for d in saved]
         expected = list(range(step, step + len(batches)))
-        if [b.step for b in batches] != expected or any(
-            b.version != scheduled_version(b.step, self.staleness) for b in batches
+        floor = batches[0].version if batches else step
+        if (
+            [b.step for b in batches] != expected
+            or not scheduled_version(step, self.staleness) <= floor <= step
+            or any(b.version != scheduled_version(b.step, self.staleness, floor) for b in batches)
         ):
             raise PipelineError(
                 f"the checkpoint's queued batches (steps {[b.step for b in batches]}, versions "
@@ -208,7 +227,7 @@ class Pipeline:
                 f"{self.staleness}"
             )
         self.batches = {b.step: b for b in batches}
-        self.next_step = step + len(batches)
+        self.next_step, self.floor = step + len(batches), floor
         self.pushed_version = -1  # whatever the sampler holds, the next push is needed
 
     def shutdown(self) -> None:

@@ -119,6 +119,8 @@ class Cipher:
         if answer is None:
             return Score(0.0, False, {"formatted": False, "reason": "no_answer", "letters_correct": 0})
         expected, got = self.encode(problem["word"]), answer.strip().lower()
+        if not answer.isascii():  # lower() maps some other letters onto ASCII (the Kelvin sign to 'k')
+            return Score(0.0, False, {"formatted": True, "reason": "not_ascii", "letters_correct": 0})
         letters = sum(a == b for a, b in zip(expected, got))
         info = {"formatted": True, "letters_correct": letters, "answer": answer[:40]}
         if got == expected:

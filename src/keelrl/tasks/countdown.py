@@ -12,8 +12,9 @@ Where this deliberately differs from TinyZero's `countdown.py` reward, and why:
   and every input costs microseconds.
 - TinyZero read `2.5` as the numbers 2 and 5 (it extracted digit runs); here a decimal point is invalid.
 - TinyZero searched only the last line of the output; here the last complete `<answer>...</answer>` block
-  within the final 2,032 characters counts (`last_answer`: bounded work on adversarial output). A block not
-  wholly inside that window (a correct answer followed by 2,000 more characters) is not seen.
+  anywhere counts (`last_answer`: linear time on any output).
+- Only ASCII digits are numbers: TinyZero's digit-run regex and `int` read `٠26` (an Arabic-Indic zero) as 26
+  in its numbers check (its `eval` then fails); here any other digit is an invalid character.
 - Correctness is exact (a rational equal to the target), not |value - target| < 1e-5.
 - An answer may state its value (`<answer>(1+2)*3 = 9</answer>`); it must then equal the expression's true
   value, so writing the target after a wrong expression earns nothing.
@@ -34,6 +35,7 @@ from keelrl.tasks.base import (
     ANSWER_PREFIX,
     SYSTEM_BASE,
     SYSTEM_CHAT,
+    SYSTEM_QWEN_INSTRUCT,
     THINK_PREFIX,
     Prompt,
     Score,
@@ -96,7 +98,7 @@ class InvalidExpression(ValueError):
         self.reason = reason
 
 
-_TOKEN_RE = re.compile(r"\s*(?:(\d+)|([-+*/()]))")
+_TOKEN_RE = re.compile(r"\s*(?:([0-9]+)|([-+*/()]))")
 
 
 def _tokenize(text: str) -> list[str]:
@@ -213,7 +215,7 @@ def evaluate_expression(expression: str) -> Fraction:
     return _evaluate(_Parser(_tokenize(expression)).parse())
 
 
-_STATED_VALUE_RE = re.compile(r"^(.*?)=\s*(-?\d{1,12})\s*$", re.DOTALL)
+_STATED_VALUE_RE = re.compile(r"^(.*?)=\s*(-?[0-9]{1,12})\s*$", re.DOTALL)
 
 
 def score_countdown(numbers: list[int], target: int, completion: str, line_answer: bool = False) -> Score:
@@ -282,12 +284,14 @@ class Countdown:
         numbers, target = problem["numbers"], problem["target"]
         if template == "compact":  # for tiny character models: the numbers largest first, no instructions
             return Prompt("", f"{' '.join(map(str, sorted(numbers, reverse=True)))} -> {target}", "")
-        system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
+        system = {"chat": SYSTEM_CHAT, "qwen_instruct": SYSTEM_QWEN_INSTRUCT}.get(template, SYSTEM_BASE)
         if not self.params.think:
             return Prompt(
                 system, USER_TEXT_ANSWER_ONLY.format(numbers=list(numbers), target=target), ANSWER_PREFIX
             )
-        return Prompt(system, USER_TEXT.format(numbers=list(numbers), target=target), THINK_PREFIX)
+        user = USER_TEXT.format(numbers=list(numbers), target=target)
+        # qwen_instruct: TinyZero's text has a space at the start of the user turn
+        return Prompt(system, " " + user if template == "qwen_instruct" else user, THINK_PREFIX)
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         return score_countdown(

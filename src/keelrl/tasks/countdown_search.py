@@ -18,8 +18,9 @@ compact prompt (`"13 7 3 -> 46"`, numbers largest first) and a newline:
   in the order + - * / (so a `!` can only come from reading the target, not from a position), separated by
   spaces; `!` marks the one that reaches the target and ends the search. When it leaves three or more
   (4-number problems), `|` and the numbers left follow (largest first), and the children come on the next
-  lines, indented by one space per level. With `echo`, each line starts with the target and `>`
-  (`46>13+7=20:...`): the comparison is then made a few characters from a copy of the target.
+  lines, indented by one space per level. A two-number problem is its checks alone (`8+6=14 8-6=2!`).
+  With `echo`, each line starts with the target and `>` (`46>13+7=20:...`): the comparison is then made a
+  few characters from a copy of the target.
 - A line that ends without `!` is a dead end; the next line at the same or a shallower indentation is a
   backtrack. A search that exhausts its node budget writes `?` on its own line and stops with no answer.
 - The answer is the path to the `!`, as an expression over the original numbers.
@@ -127,6 +128,23 @@ def search_trace(
     count = 0
     lead = f"{target}>" if echo else ""
 
+    def check(pair: list[tuple[int, str]], line: str) -> str | None:
+        """The final-level checks of two numbers, in one fixed order (+ - * /), on one line after `line`."""
+        nonlocal count
+        checks: list[str] = []
+        (x, ex), (y, ey) = pair
+        found = None
+        for a, b, o, r in candidate_steps([x, y]):
+            if count >= budget:
+                break
+            count += 1
+            checks.append(f"{[x, y][a]}{o}{[x, y][b]}={r}{'!' if r == target else ''}")
+            if r == target:
+                found = f"{_wrap([ex, ey][a])}{o}{_wrap([ex, ey][b])}"
+                break
+        lines.append(line + " ".join(checks))
+        return found
+
     def rec(state: list[tuple[int, str]], depth: int) -> str | None:
         """state: (value, expression) pairs, largest first. Returns the answer expression, or None."""
         nonlocal count
@@ -143,20 +161,9 @@ def search_trace(
                 [s for k, s in enumerate(state) if k not in (i, j)] + [(result, expr)], reverse=True
             )
             if len(rest) == 2:
-                checks: list[str] = []
-                lines.append(" " * depth + lead + head + ":")
-                (x, ex), (y, ey) = rest
-                for a, b, o, r in candidate_steps([x, y]):  # the checks in one fixed order: + - * /
-                    if count >= budget:
-                        break
-                    count += 1
-                    hit = r == target
-                    checks.append(f"{[x, y][a]}{o}{[x, y][b]}={r}{'!' if hit else ''}")
-                    if hit:
-                        lines[-1] += " ".join(checks)
-                        pair = [ex, ey]
-                        return f"{_wrap(pair[a])}{o}{_wrap(pair[b])}"
-                lines[-1] += " ".join(checks)
+                found = check(rest, " " * depth + lead + head + ":")
+                if found is not None:
+                    return found
             else:
                 lines.append(" " * depth + lead + head + "|" + " ".join(str(v) for v, _ in rest))
                 found = rec(rest, depth + 1)
@@ -165,7 +172,7 @@ def search_trace(
         return None
 
     start = sorted(((n, str(n)) for n in numbers), reverse=True)
-    answer = rec(start, 0)
+    answer = check(start, lead) if len(start) == 2 else rec(start, 0)  # two numbers: the checks alone
     lines.append(GIVE_UP if answer is None else f"<answer>{answer}</answer>")
     return "\n".join(lines)
 
@@ -220,7 +227,7 @@ def packed_corpus_text(
     return "<eos>".join(parts)
 
 
-_OP_RE = re.compile(r"(\d{1,7})([-+*/])(\d{1,7})=(\d{1,9})(!?)")
+_OP_RE = re.compile(r"([0-9]{1,7})([-+*/])([0-9]{1,7})=([0-9]{1,9})(!?)")
 MAX_PARSE_CHARS = 20_000  # bounded work on any output; traces of the recipe are under 400
 
 BEHAVIOUR_KEYS = (
@@ -278,7 +285,7 @@ def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
             ok = true is not None and true == c
             errors += not ok
             last_result = c
-            if ok and c == target and 0 <= colon < m.start():
+            if ok and c == target and (0 <= colon < m.start() or (colon < 0 and "|" not in line)):
                 found = True
     try:
         correct = (

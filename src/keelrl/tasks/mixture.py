@@ -71,13 +71,13 @@ class TaskMixture:
 
     name = "mixture"
 
-    def __init__(self, seed: int = 0, **params: Any) -> None:
+    def __init__(self, seed: int = 0, sandbox: Any = None, **params: Any) -> None:
         from keelrl.tasks import get_task  # the registry imports this module
 
         self.seed = seed
         self.params = MixtureParams(**params)
         self.members: dict[str, Task] = {
-            m.label: get_task(m.task, seed=seed if m.seed is None else m.seed, **m.params)
+            m.label: get_task(m.task, seed=seed if m.seed is None else m.seed, sandbox=sandbox, **m.params)
             for m in self.params.tasks
         }
         total = sum(m.weight for m in self.params.tasks)

@@ -32,7 +32,7 @@ USER_TEXT = (
     "And return the final answer in <answer> </answer> tags, for example <answer> 1234 </answer>."
 )
 
-_INTEGER_RE = re.compile(r"^\s*(-?\d{1,3}(?:[,_]\d{3})+|-?\d{1,40})\s*$")
+_INTEGER_RE = re.compile(r"^\s*(-?[0-9]{1,3}(?:[,_][0-9]{3})+|-?[0-9]{1,40})\s*$")  # ASCII digits only
 
 
 class MultiplyParams(TaskParams):
@@ -62,6 +62,22 @@ class MultiplyParams(TaskParams):
 def parse_integer(text: str) -> int | None:
     m = _INTEGER_RE.match(text)
     return int(m.group(1).replace(",", "").replace("_", "")) if m else None
+
+
+def worked_solution(a: int, b: int) -> str:
+    """Long multiplication by place value, as a person writes it, one addition at a time:
+    `347*8 = 300*8 + 40*8 + 7*8 = 2400 + 320 + 56 = 2720 + 56 = 2776` (zero digits have no part)."""
+
+    def parts(n: int) -> list[int]:
+        return [int(d) * 10 ** (len(str(n)) - 1 - k) for k, d in enumerate(str(n)) if d != "0"] or [0]
+
+    terms = [(x, y) for x in parts(a) for y in parts(b)]
+    values = [x * y for x, y in terms]
+    steps = [" + ".join(f"{x}*{y}" for x, y in terms)]
+    while len(values) > 1:
+        steps.append(" + ".join(map(str, values)))
+        values = [values[0] + values[1], *values[2:]]
+    return f"{a}*{b} = " + " = ".join([*steps, str(values[0])] if len(terms) > 1 else [str(values[0])])
 
 
 class Multiply:

@@ -1,45 +1,47 @@
 """reasoning-gym datasets as keelrl tasks: `reasoning_gym:<dataset>` (e.g. `reasoning_gym:chain_sum`).
 
-reasoning-gym (github.com/open-thought/reasoning-gym, `pip install 'keelrl[envs]'`) has about a hundred
-procedural generators (arithmetic, logic, puzzles, graphs, ...), each with its own checker. This adapter
-asks their questions and rewards with their checkers.
+reasoning-gym (github.com/open-thought/reasoning-gym, `pip install 'keelrl[envs]'`): about a hundred procedural
+generators (arithmetic, logic, puzzles, graphs, ...), each with its own checker, asked and scored here.
 
-Problem: `{"dataset", "question", "answer", "metadata", "bucket", "source"}`: the generator's entry
-(question, reference answer, which some datasets lack and leave None, and metadata made JSON-safe: tuples
-as lists, other objects as their repr), the difficulty bucket it was drawn as, and where it came from
-(`{"level", "seed", "index"}`: curriculum level or None, the generator's seed, its index). Problem `index`
-of a split is entry `index % size` of a generator seeded by a hash of (task seed, level, split,
-index // size, attempt); attempts go on until the question's hash puts it in that split (`in_test_split`
-on the question text), so train and test never share a question, whatever the generator repeats.
-`params` go to the dataset's config (what `reasoning_gym.create_dataset(name, **params)` takes); the
-task sets its seed and size.
+Problem: `{"dataset", "question", "answer", "metadata", "bucket", "source"}`: the generator's entry (question,
+reference answer, which some datasets lack and leave None, and metadata made JSON-safe: tuples as lists, other
+objects as their repr), the difficulty bucket it was drawn as, and where it came from (`{"level", "seed",
+"index"}`: curriculum level or None, the generator's seed, its index). Problem `index` of a split is entry
+`index % size` of a generator seeded by a hash of (task seed, level, split, index // size, attempt); attempts go
+on until the question's hash puts it in that split (`in_test_split` on the question text), so train and test
+never share a question, whatever the generator repeats. `params` go to the dataset's config (what
+`reasoning_gym.create_dataset(name, **params)` takes); the task sets its seed and size.
 
-Reward: the dataset's own `score_answer(answer, entry)` on the last `<answer>...</answer>` block,
-stripped of surrounding whitespace (as reasoning-gym's `extract_answer` does). Its value is a float in
-[0, 1] and often partial (e.g. a wrong answer that contains the right one). `correct` is strict: the
-checker gave exactly 1.0. The reward is 1.0 or 0.0 by `correct`, or the checker's value with
-`partial_credit`; no answer block is 0.0. There is no format credit.
-`info["reason"]`: correct, partial (0 < value < 1), wrong, no_answer, checker_error (the checker raised:
-reward 0), checker_timeout.
+Reward: the dataset's own `score_answer(answer, entry)` on the last `<answer>...</answer>` block, stripped of
+surrounding whitespace (as reasoning-gym's `extract_answer` does). Its value is a float in [0, 1] and often
+partial (e.g. a wrong answer that contains the right one). `correct` is strict: the checker gave exactly 1.0.
+The reward is 1.0 or 0.0 by `correct`, or the checker's value with `partial_credit`; no answer block is 0.0.
+There is no format credit. `info["reason"]`: correct, partial (0 < value < 1), wrong, no_answer,
+non_ascii_digit, checker_error (the checker raised: reward 0), checker_timeout.
 
-Difficulty: reasoning-gym's curricula (`reasoning_gym.factory.create_curriculum`) are the buckets.
-Bucket `L<k>` is the config the dataset's curriculum makes at global level k, each attribute's range its
-level's own range (`RangeAttributeMode.UPPER_BOUND`, so levels do not overlap; `params` set the fields the
-curriculum does not), easiest first, from `min_level` up to `max_level`; the ladder ends before the first level
-that cannot generate a problem (e.g. spell_backward's level 4 wants 11-letter words its word list lacks). A dataset
-without a curriculum has the one bucket "all". `problem()` draws from `params` alone (sequential runs,
-evaluation); its bucket is the entry's `metadata["difficulty"]` written compactly ("2-6,1-4" for
-num_terms (2, 6), num_digits (1, 4)), or "all".
+Difficulty: reasoning-gym's curricula (`reasoning_gym.factory.create_curriculum`) are the buckets. Bucket `L<k>`
+is the config the dataset's curriculum makes at global level k, each attribute's range its level's own range
+(`RangeAttributeMode.UPPER_BOUND`, so levels do not overlap; `params` set the fields the curriculum does not),
+easiest first, from `min_level` up to `max_level` (default: the last). Every level is checked when the ladder is
+first asked for (a curriculum's set-up): one that cannot generate its first problems of both splits is a TaskError
+naming it (spell_backward's L4 wants 11-letter words its word list lacks; game_of_life_halting's L2 has two
+questions, both in the test split). Without a curriculum the one bucket is "all". `problem()` draws from
+`params` alone (sequential runs, evaluation); its bucket is the entry's `metadata["difficulty"]` written
+compactly ("2-6,1-4" for num_terms (2, 6), num_digits (1, 4)), or "all".
 
 Where this departs from reasoning-gym, and why:
-- The checker scores the generator's own entry, regenerated from `source` (cached) rather than rebuilt
-  from JSON: some checkers compare tuples (arc_agi, rearc) and would fail a JSON round trip. A problem
-  whose entry cannot be regenerated (another reasoning-gym version, a hand-made dict) is scored with its
-  stored question, answer and metadata.
+- The checker scores the generator's own entry, regenerated from `source` (cached) rather than rebuilt from
+  JSON: some checkers compare tuples (arc_agi, rearc) and would fail a JSON round trip. A problem whose entry
+  cannot be regenerated (another reasoning-gym version, a hand-made dict) is scored with its stored question,
+  answer and metadata.
 - Checkers are third-party code on model output; some hang on answers like `9**9**9**9` (sympy in
   simple_integration, polynomial_multiplication, puzzle24, ...). They run in one helper process per Python
   process with a limit of `timeout_s` (a checker over it scores 0, `checker_timeout`, and the process is
   restarted); `timeout_s = 0` runs them in-process.
+- Only ASCII digits are numbers: an answer holding another decimal digit (`٢٦`, full-width `２６`, which
+  Python's int() reads as 26) scores 0 (`non_ascii_digit`) unless the reference answer holds one too.
+- A generator that raises on an entry (countdown's levels 1-2 give up on some seeds) is asked again with the
+  next attempt's seed, as for a question of the other split; the problem fails only when every attempt does.
 - Seeds: reasoning-gym seeds entry i of a generator with seed s as `Random(s + i)`, so nearby seeds
   overlap. Generator seeds here are hashes (31 bits), and splits are by question text anyway.
 """
@@ -50,6 +52,7 @@ import atexit
 import contextlib
 import dataclasses
 import difflib
+import itertools
 import logging
 import math
 import os
@@ -66,6 +69,7 @@ from pydantic import Field
 from keelrl.seeds import stable_hash
 from keelrl.tasks.base import (
     ANSWER_PREFIX,
+    NON_ASCII_DIGIT,
     SYSTEM_BASE,
     SYSTEM_CHAT,
     THINK_PREFIX,
@@ -92,6 +96,7 @@ DATASET_CACHE = 64  # generator instances kept per task (a split pass uses a few
 ENTRY_CACHE = 4096  # generated entries kept for scoring without regenerating
 PREPARE_TIMEOUT_S = 300.0  # the checker process's start and a dataset's construction (arc_agi: seconds)
 MAX_BUCKET_CHARS = 40
+LEVEL_CHECK_PROBLEMS = 8  # each curriculum level's first problems of each split, generated when it is checked
 
 
 class ReasoningGymParams(TaskParams):
@@ -207,8 +212,7 @@ class _LRU:
     def get(self, key: Any) -> Any | None:
         if key in self.items:
             self.items.move_to_end(key)
-            return self.items[key]
-        return None
+        return self.items.get(key)
 
     def put(self, key: Any, value: Any) -> None:
         self.items[key] = value
@@ -260,8 +264,10 @@ class ReasoningGymTask:
             return Score(0.0, False, {"formatted": False, "reason": "no_answer"})
         answer = found.strip()
         entry, level = self._entry(problem)
-        value, error = self._check(level, answer, entry)
         info: dict[str, Any] = {"formatted": True, "answer": answer[:80]}
+        if NON_ASCII_DIGIT.search(answer) and not NON_ASCII_DIGIT.search(str(entry.get("answer"))):
+            return Score(0.0, False, {**info, "reason": "non_ascii_digit", "checker_score": 0.0})
+        value, error = self._check(level, answer, entry)
         if error is not None:
             reason = "checker_timeout" if error == "timeout" else "checker_error"
             return Score(0.0, False, {**info, "reason": reason, "error": error})
@@ -307,23 +313,19 @@ class ReasoningGymTask:
         top = max((len(a.levels) for a in attributes), default=1) - 1
         if self.params.max_level is not None:
             top = min(top, self.params.max_level)
-        ladder, first = [], self.params.min_level
+        first = self.params.min_level
         if first > top:
             raise _task_error(f"task {self.name}: min_level {first} is above its highest level, {top}")
         for level in range(first, top + 1):
             try:
-                self._generate("train", 0, level)
-            except Exception as err:  # a third-party generator: any error ends the ladder
-                if level == first:
-                    raise _task_error(
-                        f"task {self.name}: its curriculum's level {first} generates nothing: {err}"
-                    ) from err
-                logger.info(
-                    "%s: curriculum ladder ends at L%d (L%d fails: %s)", self.name, level - 1, level, err
-                )
-                break
-            ladder.append(f"L{level}")
-        return ladder
+                for split, index in itertools.product(("train", "test"), range(LEVEL_CHECK_PROBLEMS)):
+                    self._generate(split, index, level)  # type: ignore[arg-type]
+            except Exception as err:  # a third-party generator: any error fails the level
+                fix = f"set task.params.max_level = {level - 1}" if level > first else "change its params"
+                raise _task_error(
+                    f"task {self.name}: curriculum level L{level} cannot produce problems ({err}); {fix}"
+                ) from err
+        return [f"L{level}" for level in range(first, top + 1)]
 
     def _config(self, level: int | None) -> Any:
         """The dataset config at `level` (None: `params` alone), seed 0; validated."""
@@ -348,15 +350,13 @@ class ReasoningGymTask:
                         f"task {self.name}: bad params ({err}); {self._config_cls.__name__} takes: {', '.join(fields)}"
                     ) from None
             else:
-                from reasoning_gym.coaching.base_curriculum import (
-                    DefaultCurriculumContext,
-                    RangeAttributeMode,
-                )
+                from reasoning_gym.coaching import base_curriculum
                 from reasoning_gym.factory import create_curriculum
 
                 curriculum = create_curriculum(self.dataset)
                 curriculum.set_global_level(level)
-                context = DefaultCurriculumContext(mode=RangeAttributeMode.UPPER_BOUND)
+                mode = base_curriculum.RangeAttributeMode.UPPER_BOUND
+                context = base_curriculum.DefaultCurriculumContext(mode=mode)
                 config = curriculum.generate_configuration(defaults, context)
             validate = getattr(config, "validate", None)
             if callable(validate):
@@ -381,22 +381,19 @@ class ReasoningGymTask:
 
     def _generate(self, split: Split, index: int, level: int | None) -> dict[str, Any]:
         """Entries of seeded generators until one's question is in `split` (module docstring)."""
-        p = self.params
+        p, _ = self.params, self._config(level)  # an invalid level's config: its TaskError now, not per try
         pass_no, offset = divmod(index, p.size)
         share = p.test_fraction if split == "test" else 1.0 - p.test_fraction
-        attempts = math.ceil(50 / share)  # missing them all: below e^-50
+        attempts, failed = math.ceil(50 / share), None  # missing them all: below e^-50
         for attempt in range(attempts):
             ds_seed = (
                 stable_hash("reasoning_gym", self.dataset, self.seed, level, split, pass_no, attempt) % 2**31
             )
             try:
                 entry = self._generator(level, ds_seed)[offset]
-            except Exception as err:  # generators are third-party code; say which problem failed
-                where = "params" if level is None else f"level {level}"
-                raise RuntimeError(
-                    f"task {self.name} ({where}): generating {split} problem {index} failed: "
-                    f"{type(err).__name__}: {err}"
-                ) from err
+            except Exception as err:  # generators are third-party code: the next attempt's seed
+                failed = f"{type(err).__name__}: {err}"
+                continue
             question = str(entry["question"])
             if in_test_split(question, self.seed, p.test_fraction) == (split == "test"):
                 with self._lock:
@@ -410,9 +407,11 @@ class ReasoningGymTask:
                     "bucket": difficulty_name(metadata) if level is None else f"L{level}",
                     "source": {"level": level, "seed": ds_seed, "index": offset},
                 }
+        why = f"each try failed (last: {failed})" if failed else f"no {split} question in {attempts} tries"
+        where = "params" if level is None else f"level {level}"
         raise RuntimeError(
-            f"task {self.name}: no {split} question among {attempts} tries for problem {index}; the dataset may "
-            "have too few distinct questions for test_fraction, widen its params"
+            f"task {self.name} ({where}): {split} problem {index}: {why}; widen its params (the dataset may "
+            "repeat too few distinct questions for test_fraction)"
         )
 
     # -- scoring
@@ -424,10 +423,8 @@ class ReasoningGymTask:
         if not isinstance(source, dict) or problem.get("dataset", self.dataset) != self.dataset:
             return stored, None
         level, ds_seed, index = source.get("level"), source.get("seed"), source.get("index")
-        if (
-            not (level is None or isinstance(level, int))
-            or not isinstance(ds_seed, int)
-            or not isinstance(index, int)
+        if not (level is None or isinstance(level, int)) or not all(
+            isinstance(x, int) for x in (ds_seed, index)
         ):
             return stored, None
         with self._lock:
