@@ -1,15 +1,18 @@
 #!/bin/bash
 # Issue 30's one prepared GPU check, in one call of at most ~8 minutes on one GPU:
-#   1. learning: the demo's RL stage on CUDA (bf16 autocast) from the demo's base model carried along, at the
-#      CPU's batch (128) and a 4x larger one (512); each final policy against the base on the same 500 held-out
-#      problems, greedy, with a paired interval (keelrl compare) -- the CPU's numbers are in docs/RESULTS.md;
+#   0. the hf engine's decode, eager against graph (a compiled step, CUDA graphs), at batch 512 on a 358M model of
+#      Qwen2.5-0.5B's trunk shape, and that model's RL update profiled (benchmarks/gpu_decode.py; issue 48);
+#   1. learning: the demo's RL stage on CUDA (bf16 autocast, the hf engine's default decode there: graph) from the
+#      demo's base model carried along, at batch 512 (the CPU's 128 was run on a GPU before: docs/RESULTS.md); the
+#      final policy against the base on the same 500 held-out problems, greedy, paired interval (keelrl compare);
 #   2. fault drill: the same stage under torchrun (one rank: NCCL + FSDP2) and the supervisor, uninterrupted and
 #      with a SIGKILL of the worker mid-run (the supervisor resumes it from its checkpoint); what is and is not
 #      bit-identical between the two goes to fault_drill.json;
-#   3. throughput: benchmarks/gpu_throughput.py at three batch sizes (steps/s, generation and update tokens/s,
+#   3. throughput: benchmarks/gpu_throughput.py at batch 512 and 2048 (steps/s, generation and update tokens/s,
 #      peak GPU memory);
-#   4. the `gpu`-marked tests (tests/gpu).
-# Results: OUT/gpu_check.json (everything above) and one log per part in OUT/.
+#   4. the `gpu`-marked tests (tests/gpu), run second (after part 0): they are quick.
+# Results: OUT/gpu_check.json (everything above, rewritten after every part: a call cut short keeps what ran) and
+# one log per part in OUT/.
 #   bash benchmarks/gpu_check.sh OUT --base runs/demo/base       # on the GPU machine (carry the base: ~4 MB)
 #   bash benchmarks/gpu_check.sh OUT --dry-run                   # here, on CPU: tiny sizes, a base made in ~30 s
 set -u
@@ -29,7 +32,7 @@ mkdir -p "$OUT"
 if [ "$DRY" = 1 ]; then
   DEV=cpu AC=off BACKEND=gloo STEPS=4 EVALN=40 SMALL=16 BIG=32 KSTEPS=8 KAT=4 TPB=16,32 TPSTEPS=3 T=300
 else
-  DEV=cuda AC=bf16 BACKEND=nccl STEPS=100 EVALN=500 SMALL=128 BIG=512 KSTEPS=30 KAT=14 TPB=128,512,2048 TPSTEPS=6 T=150
+  DEV=cuda AC=bf16 BACKEND=nccl STEPS=100 EVALN=500 SMALL="" BIG=512 KSTEPS=30 KAT=14 TPB=512,2048 TPSTEPS=6 T=150
   "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'" || exit 1
 fi
 if [ -z "$BASE" ]; then
@@ -44,7 +47,19 @@ TASK=(--task countdown --template compact --max-new-tokens 24 --problems "$EVALN
 RL=(configs/countdown_tiny.toml --set "model.path=\"$BASE\"" --set "train.device=\"$DEV\""
     --set "train.autocast=\"$AC\"" --set log.progress=false --set eval.problems=100)
 
-# 1. learning at two batch sizes
+# 0. decode and update at a real model's shape (first: the newest question)
+if [ "$DRY" = 1 ]; then DECODE=(--quick); else DECODE=(--device "$DEV"); fi
+timeout $(( T * 2 )) "$PY" benchmarks/gpu_decode.py "${DECODE[@]}" --out "$OUT/decode.json" > "$OUT/decode.log" 2>&1
+echo "== decode and update profile: exit $?"
+summarize() { "$PY" benchmarks/gpu_check_report.py summary "$OUT" "$DEV" "$DRY" > "$OUT/gpu_check.json"; }
+summarize
+
+# 4. the gpu-marked tests
+timeout $T "$PY" -m pytest tests/gpu -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
+echo "== gpu tests: exit $? ($(tail -n 1 "$OUT/gpu_tests.log"))"
+summarize
+
+# 1. learning (the dry run: at two batch sizes)
 for B in $SMALL $BIG; do
   MB=$(( B < 128 ? B : 128 ))
   timeout $T "$PY" -m keelrl train "${RL[@]}" --run-dir "$OUT/rl_b$B" --set train.steps=$STEPS \
@@ -54,6 +69,7 @@ for B in $SMALL $BIG; do
   timeout $T "$PY" -m keelrl compare "$BASE" "$OUT/rl_b$B/final" "${TASK[@]}" --json --out "$OUT/compare_b$B.json" \
     > "$OUT/compare_b$B.log" 2>&1
   echo "== compare, batch $B: exit $?"
+  summarize
 done
 
 # 2. torchrun (one rank, NCCL + FSDP2) under the supervisor: uninterrupted, then SIGKILL of the worker mid-run
@@ -77,15 +93,12 @@ done
 wait $TRAIN
 echo "== fsdp2 with SIGKILL of the worker after step $KILLED: exit $?"
 "$PY" benchmarks/gpu_check_report.py drill "$OUT/fsdp_ref" "$OUT/fsdp_kill" "$KILLED" > "$OUT/fault_drill.json"
+summarize
 
 # 3. throughput
 timeout $T "$PY" benchmarks/gpu_throughput.py --base "$BASE" --device "$DEV" --batch-sizes $TPB --steps $TPSTEPS \
   --out "$OUT/throughput.json" > "$OUT/throughput.log" 2>&1
 echo "== throughput: exit $?"
 
-# 4. the gpu-marked tests
-timeout $T "$PY" -m pytest tests/gpu -m gpu -q -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
-echo "== gpu tests: exit $? ($(tail -n 1 "$OUT/gpu_tests.log"))"
-
-"$PY" benchmarks/gpu_check_report.py summary "$OUT" "$DEV" "$DRY" > "$OUT/gpu_check.json"
+summarize
 echo "== summary: $OUT/gpu_check.json"

@@ -82,6 +82,8 @@ def summary(out: Path, device: str, dry: bool) -> dict[str, Any]:
         "learning": learning,
         "fault_drill": _json(out / "fault_drill.json"),
         "throughput": _json(out / "throughput.json").get("results"),
+        "decode": _json(out / "decode.json").get("decode"),
+        "update_profile": _json(out / "decode.json").get("update"),
         "gpu_tests": tests[0] if tests else None,
     }
 

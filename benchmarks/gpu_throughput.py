@@ -21,14 +21,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from demo_setup import emit, machine
+from demo_setup import demo_base, emit, machine, quick_rl
 from keelrl.config import config_from_dict
 from keelrl.demo import DEMO_TASK_PARAMS, demo_rl_config
 from keelrl.trainer import train
 
 
-def measure(base: str, device: str, autocast: str, batch: int, steps: int, work: Path) -> dict[str, Any]:
+def measure(
+    base: str, device: str, autocast: str, batch: int, steps: int, work: Path, quick: bool = False
+) -> dict[str, Any]:
     data = demo_rl_config(base, DEMO_TASK_PARAMS, steps, eval_every=0, seed=0)
+    if quick:
+        quick_rl(data)
     data["rollout"]["batch_size"] = batch
     data["train"].update(device=device, autocast=autocast, micro_batch_size=min(batch, 256))
     data["eval"] = {"every_steps": 0, "at_start": False, "problems": 8}
@@ -61,21 +65,36 @@ def measure(base: str, device: str, autocast: str, batch: int, steps: int, work:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", required=True, help="the demo's base model (an HF dir)")
+    ap.add_argument(
+        "--base", default=None, help="the demo's base model (an HF dir; required but with --quick)"
+    )
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--autocast", default=None, help="off or bf16 (default: bf16 on cuda, off on cpu)")
     ap.add_argument("--batch-sizes", default="128,512,2048")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the CPU path at tiny sizes (batches 8 and 16 of 8 tokens, 3 steps; a random 1-layer base unless "
+        "--base): seconds",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.quick:
+        args.device, args.batch_sizes, args.steps = "cpu", "8,16", 3
+    elif args.base is None:
+        ap.error("--base is required (the demo's base model, e.g. runs/demo/base)")
     autocast = args.autocast or ("bf16" if args.device == "cuda" else "off")
     with tempfile.TemporaryDirectory() as tmp:
+        base = demo_base(Path(tmp), args.base, quick=args.quick)
         rows = [
-            measure(args.base, args.device, autocast, int(b), args.steps, Path(tmp))
+            measure(base, args.device, autocast, int(b), args.steps, Path(tmp), args.quick)
             for b in args.batch_sizes.split(",")
         ]
     emit(
         {
+            "benchmark": "gpu_throughput",
+            "quick": args.quick,
             "device": args.device,
             "autocast": autocast,
             "steps": args.steps,

@@ -1,6 +1,7 @@
 """The CUDA path's promises on one GPU (marked `gpu`: skipped without CUDA; `benchmarks/gpu_check.sh` runs
 them): the trainer's log-probs on CUDA equal the CPU's, the in-process sampler's log-probs on CUDA are the
-trainer's, and the CUDA RNG state is captured and restored with the rest of TrainState's RNGs."""
+trainer's (its default decode there: the compiled step, CUDA graphs), the compiled decode samples the eager
+decode's tokens in fp32, and the CUDA RNG state is captured and restored with the rest of TrainState's RNGs."""
 
 from __future__ import annotations
 
@@ -46,6 +47,20 @@ def test_sampler_on_cuda_reports_the_trainers_logprobs() -> None:
     trainer = trainer_logprobs(model, prompts, [g.completion_ids for g in gens], 1.0)
     gap = logprob_gap(trainer, [g.logprobs for g in gens])
     assert gap.tokens > 0 and gap.max < 1e-3
+
+
+def test_graph_decode_on_cuda_samples_the_eager_tokens() -> None:
+    from keelrl.rollout.hf import HFSampler
+
+    model, tok = _model()
+    model = model.cuda()
+    prompts = [tok(f"{a} {b} -> {a * b}\n")["input_ids"] for a in (3, 12, 40) for b in (2, 7, 9)] * 2
+    settings, seeds = SamplingSettings(max_new_tokens=20, temperature=1.0), list(range(18))
+    graph = HFSampler(model, tok, decode="graph")
+    got = graph.generate(prompts, settings, seeds)
+    want = HFSampler(model, tok, decode="eager").generate(prompts, settings, seeds)
+    assert [g.completion_ids for g in got] == [w.completion_ids for w in want]
+    assert list(graph._graphs) == [(32, 64)]  # 18 rows padded to 32; the cache rounded up to 64
 
 
 def test_cuda_rng_is_captured_and_restored() -> None:

@@ -11,7 +11,15 @@ import pytest
 
 from keelrl.config import ConfigError
 from keelrl.config_load import parse_override
-from keelrl.ladder.analysis import AnalysisError, fit_point, rl_fits, rl_prediction, rl_validation
+from keelrl.ladder.analysis import (
+    AnalysisError,
+    fit_point,
+    rl_fits,
+    rl_prediction,
+    rl_validation,
+    seed_noise,
+    seed_var,
+)
 from keelrl.ladder.chinchilla import bootstrap_chinchilla, chinchilla_loss, fit_chinchilla
 from keelrl.ladder.config import LadderConfig
 from keelrl.ladder.kinds import RLKind, rl_flops_per_token_param
@@ -47,10 +55,39 @@ def test_chinchilla_bootstrap_covers_a_held_out_point() -> None:
     truth = (0.3, 20.0, 0.4, 300.0, 0.5)
     y = chinchilla_loss(n, d, *truth) + rng.normal(0, 0.003, len(n))
     at = (8e5, 8e5)
-    _, pred, (lo, hi) = bootstrap_chinchilla(n, d, y, at, resamples=60)
+    _, pred, (lo, hi), _ = bootstrap_chinchilla(n, d, y, at, resamples=60)
     true = float(chinchilla_loss(np.array(at[0]), np.array(at[1]), *truth))
     assert lo <= true <= hi and lo < pred < hi
     assert hi - lo < 0.1  # an interval that says something
+
+
+def test_chinchilla_prediction_interval_holds_one_runs_noise() -> None:
+    """The interval is for one run's measured loss: the residual variance RSS / dof (dof = points minus fitted
+    parameters) is the target's own noise, and replicate seeds split it into seed noise and lack of fit."""
+    n = np.repeat([5e4, 1e5, 2e5, 4e5], 3)
+    d = np.tile([1e5, 2e5, 4e5], 4)
+    truth = (0.3, 20.0, 0.4, 300.0, 0.5)
+    clean = chinchilla_loss(n, d, *truth)
+    at, sd = (3e5, 3e5), 0.004  # inside the grid: the fit is sure there, one run is not
+    inside = 0
+    for k in range(10):  # 10 ladders of one seed per point, each validated on one run at `at`
+        rng = np.random.default_rng(100 + k)
+        fit, _, (lo, hi), noise = bootstrap_chinchilla(n, d, clean + rng.normal(0, sd, 12), at, resamples=20)
+        assert noise["dof"] == 12 - 5 and noise["residual_var"] == pytest.approx(fit.rss / 7)
+        assert noise["target_var"] == noise["residual_var"]  # no replicates: all of it is the target's
+        measured = float(chinchilla_loss(np.array(at[0]), np.array(at[1]), *truth)) + rng.normal(0, sd)
+        inside += lo <= measured <= hi
+    assert inside >= 9
+    # replicates (seed variance 0.004^2 from 12 dof, 3 seeds a point): lack of fit = s2 - 0.004^2 / 3
+    *_, noise = bootstrap_chinchilla(
+        n, d, clean + 0.01 * (-1) ** np.arange(12), at, 10, seed_var=(sd**2, 12, 3.0)
+    )
+    lack = noise["residual_var"] - sd**2 / 3
+    assert lack > 0 and noise["target_var"] == pytest.approx(lack + sd**2)
+    *_, noise3 = bootstrap_chinchilla(
+        n, d, clean + 0.01 * (-1) ** np.arange(12), at, 10, 0.95, 0, (sd**2, 12, 3.0), 3
+    )
+    assert noise3["target_var"] == pytest.approx(lack + sd**2 / 3)  # the mean of 3 target runs
 
 
 # ---- plan
@@ -228,3 +265,60 @@ def test_longer_run_extrapolates_its_own_fit_and_step0_is_required() -> None:
         fit_point(no_start, 0.1, 20, 0.95)
     with pytest.raises(AnalysisError, match="two sizes"):
         rl_prediction(fits, draws, {"model.path": "x"}, {"model.path"}, 400000, 1e15, 3, 400, 0.95)
+
+
+# ---- honest intervals: the seed-noise model and coverage on simulated ladders
+
+
+def test_seed_noise_worked_numbers() -> None:
+    """Four seeds that jump from 0.4 to 0.8: at each eval the seeds' sample variance is 4/3 of
+    (m - L)(H - m) (ddof 1 on a two-point sample), 0 where all agree; so kappa = 4/3 and v0 = 0."""
+    acc = [
+        [0.4, 0.4, 0.4, 0.4, 0.8],
+        [0.4, 0.4, 0.4, 0.8, 0.8],
+        [0.4, 0.4, 0.8, 0.8, 0.8],
+        [0.4, 0.4, 0.8, 0.8, 0.8],
+    ]
+    fit = {"accuracy": acc, "compute": [0.0, 1.0, 2.0, 3.0, 4.0], "warmup_compute": 0.5, "seeds": 4}
+    noise = seed_noise([fit])
+    assert noise["kappa"] == pytest.approx(4 / 3) and noise["v0"] == pytest.approx(0.0, abs=1e-12)
+    assert (noise["dof"], noise["low"], noise["high"]) == (3, 0.4, 0.8)
+    # the variance at a mean of 0.6: 4/3 x 0.2 x 0.2; at the ends only v0
+    assert seed_var(np.array([0.6, 0.4]), noise).tolist() == pytest.approx([4 / 3 * 0.04, 0.0])
+    assert seed_noise([{**fit, "accuracy": acc[:1], "seeds": 1}])["dof"] == 0  # one seed: nothing known
+
+
+def _jumping_runs(rng: np.random.Generator, n: float, seeds: int, role: str, label: str) -> list[dict]:
+    """Seeds that rise to a plateau of 0.42, then jump to 0.745 at a seed's own step (log-normal about
+    65 (n / 1e6)^0.3), as the recorded RL ladder's seeds did (benchmarks/ladder_coverage.py)."""
+    r0, steps = 0.35 + 0.02 * rng.standard_normal(), np.arange(0, 101, 10)
+    out = []
+    for seed in range(seeds):
+        jump = 65 * (n / 1e6) ** 0.3 * np.exp(0.25 * rng.standard_normal())
+        pre = r0 + (0.42 - r0) * (1 - np.exp(-steps / 4))
+        acc = pre + (0.745 - pre) / (1 + np.exp(-(steps - jump) / 4)) + rng.normal(0, 0.012, len(steps))
+        acc[0] = r0
+        out.append({
+            "label": label, "point": {"model.path": label}, "role": role, "seed": seed, "parameters": int(n),
+            "eval_problems": 200, "steps": steps.tolist(), "compute": (35400.0 * n * steps).tolist(),
+            "accuracy": acc.tolist(), "tokens_trained": 442500.0, "train_steps": 100,
+        })  # fmt: skip
+    return out
+
+
+def test_rl_interval_covers_one_seeds_validation_on_simulated_ladders() -> None:
+    """Ten ladders (3 sizes x 3 seeds) each validated on one seed of a 2x larger target that is mid-jump: the
+    95% interval holds it at least 9 times; the fit's band alone (no seed noise) would hold it far less."""
+    inside, fit_only = 0, 0
+    for k in range(10):
+        rng = np.random.default_rng(1000 + k)
+        grid = [r for n in (6e5, 1.06e6, 1.66e6) for r in _jumping_runs(rng, n, 3, "grid", f"n{n:g}")]
+        target = _jumping_runs(rng, 3.24e6, 1, "target", "t")
+        fits, draws = rl_fits(grid, 0.1, 3, 0.95)
+        p = rl_prediction(fits, draws, {"model.path": "t"}, {"model.path"}, int(3.24e6), 35400.0 * 3.24e6 * 100,
+                          1, 200, 0.95, resamples=20)  # fmt: skip
+        measured = rl_validation(p, target)
+        inside += measured["inside_interval"]
+        fit_only += p["final_fit_interval"][0] <= measured["final_mean"] <= p["final_fit_interval"][1]
+        assert p["seed_noise"]["dof"] == 6 and p["seed_noise"]["kappa"] > 0.2
+    assert inside >= 9 and fit_only <= 8

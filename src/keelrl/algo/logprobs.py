@@ -219,8 +219,12 @@ def completion_logprobs(
     plain = _head_is_plain(model)
     plan = None
     kwargs: dict[str, torch.Tensor] = {"attention_mask": attention_mask}
-    if documents is not None:
-        kwargs = {"attention_mask": block_causal_mask(documents), "position_ids": positions}
+    if documents is not None:  # a 4D mask reaches the attention as is: SDPA reads booleans, eager *adds* the
+        # mask (True = +1), so both get it additive (0 / dtype min); a bool one let eager attend to the future
+        allowed = block_causal_mask(documents)  # [B, 1, T, T]
+        additive = torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device)
+        additive = additive.masked_fill(~allowed, torch.finfo(model.dtype).min)  # [B, 1, T, T]
+        kwargs = {"attention_mask": additive, "position_ids": positions}
     elif share_prefix and supports_prefix_sharing(model):
         plan = plan_prefix_sharing(input_ids, attention_mask, pos)
     if plan is not None:

@@ -7,12 +7,17 @@ sizes (the target's peers: grid points that agree with it on every axis it does 
 parameter count N) one joint fit ties the sizes (`scaling.fit_size_sigmoid`: A and ln C_mid linear in ln N, B
 shared: in ScaleRL model scale moves A, the recipe sets B) and R0 is a line in ln N; every bootstrap draw of the joint
 fit gives one predicted curve of the target, so its band carries the fit's uncertainty. A
-target that is a longer run of a grid point extrapolates that point's own fit instead. The predicted final
-accuracy also draws the target's own measurement noise: a binomial eval of its problems and the seed spread
-measured on the grid (pooled standard deviation of final accuracy across seeds) over its seed count.
+target that is a longer run of a grid point extrapolates that point's own fit instead.
+
+The interval is for what the validation measures, the mean of the target's seeds' final evals, not for the
+mean curve: each fit draw's prediction plus one draw of how far that many seeds land from it (`seed_noise`:
+the grid's seed-to-seed variance, largest mid-curve, where seeds that learn at different steps part), and
+the fit draws come from a wild bootstrap over whole seeds (a seed's curve moves as one), widened for how
+few seeds measured that spread (docs/RESULTS.md, "Honest ladder intervals": coverage measured on repeated
+and simulated ladders).
 
 Pretraining (`pretrain_fits`): mean held-out loss per grid point, Chinchilla's law (chinchilla.py) over
-(N, D), and its prediction at the target's (N, D) with a bootstrap interval.
+(N, D), and its prediction at the target's (N, D) with a prediction interval for the target's measured loss.
 """
 
 from __future__ import annotations
@@ -64,13 +69,14 @@ def mean_curve(runs: Sequence[Record]) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def fit_point(
-    runs: Sequence[Record], warmup_fraction: float, resamples: int, level: float
+    runs: Sequence[Record], warmup_fraction: float, resamples: int, level: float, dof: int = 0
 ) -> tuple[dict[str, Any], FitIntervals]:
+    """One grid point's fit and intervals; `dof`: the seed noise's degrees of freedom (see bootstrap_fit)."""
     steps, compute, acc = mean_curve(runs)
     r0 = float(acc[:, 0].mean())
     fi = bootstrap_fit(
         compute[1:], acc[:, 1:], r0, warmup=warmup_fraction * compute[-1],
-        eval_problems=int(runs[0]["eval_problems"]), resamples=resamples, level=level,
+        eval_problems=int(runs[0]["eval_problems"]), resamples=resamples, level=level, dof=dof,
     )  # fmt: skip
     finals = acc[:, -1]
     out = {
@@ -95,10 +101,13 @@ def fit_point(
 def rl_fits(
     records: Sequence[Record], warmup_fraction: float, resamples: int, level: float
 ) -> tuple[list[dict[str, Any]], dict[str, FitIntervals]]:
-    """One fit per grid point, ranked by A (highest first)."""
+    """One fit per grid point, ranked by A (highest first); its intervals take the seed noise's spread as known
+    only as well as every point's seeds together measure it (their degrees of freedom, pooled)."""
     fits, draws = [], {}
-    for label, runs in by_label([r for r in records if r["role"] == "grid"]).items():
-        fit, fi = fit_point(runs, warmup_fraction, resamples, level)
+    points = by_label([r for r in records if r["role"] == "grid"])
+    dof = sum(len(runs) - 1 for runs in points.values())
+    for label, runs in points.items():
+        fit, fi = fit_point(runs, warmup_fraction, resamples, level, dof)
         fits.append(fit)
         draws[label] = fi
     fits.sort(key=lambda f: -f["a"])
@@ -149,10 +158,32 @@ def size_law(
     return out, draws
 
 
-def seed_spread(fits: Sequence[dict[str, Any]]) -> float:
-    """Pooled standard deviation of final accuracy across seeds over the grid points."""
-    dof = sum(f["seeds"] - 1 for f in fits)
-    return float(np.sqrt(sum((f["seeds"] - 1) * f["final_sd"] ** 2 for f in fits) / dof)) if dof else 0.0
+def seed_noise(fits: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """How far one run's accuracy lands from its point's mean: its variance across seeds at every eval after
+    the warm-up cut, fitted as v = kappa (m - L) (H - m) + v0 (least squares, kappa and v0 >= 0) in the mean m,
+    where [L, H] holds every grid run's accuracy after the warm-up. Accuracies in [L, H] with mean m vary at
+    most (m - L) (H - m) (Bhatia-Davis), as much as when seeds jump from L to H at random steps, as every
+    recorded seed did: seeds differ most mid-curve, and at either end only by their eval's noise (v0).
+    dof: the seeds' degrees of freedom, sum of (seeds - 1) (0: no point has two seeds, nothing is known)."""
+    rows = [(np.array(f["accuracy"]), np.array(f["compute"]) > f["warmup_compute"]) for f in fits]
+    rows = [acc[:, keep] for acc, keep in rows if len(acc) > 1]
+    if not rows:
+        return {"kappa": 0.0, "v0": 0.0, "dof": 0, "low": 0.0, "high": 1.0}
+    low, high = min(float(a.min()) for a in rows), max(float(a.max()) for a in rows)
+    m = np.concatenate([a.mean(0) for a in rows])
+    x, v = (m - low) * (high - m), np.concatenate([a.var(0, ddof=1) for a in rows])
+    kappa, v0 = np.linalg.lstsq(np.stack([x, np.ones_like(x)], -1), v, rcond=None)[0]
+    if kappa < 0:
+        kappa, v0 = 0.0, v.mean()
+    elif v0 < 0:
+        kappa, v0 = x @ v / max(x @ x, 1e-300), 0.0
+    dof = sum(len(a) - 1 for a in rows)
+    return {"kappa": float(kappa), "v0": float(v0), "dof": dof, "low": low, "high": high}
+
+
+def seed_var(mean: np.ndarray, noise: dict[str, float]) -> np.ndarray:
+    """One run's variance about a mean accuracy, by `seed_noise`'s fit."""
+    return noise["kappa"] * np.clip((mean - noise["low"]) * (noise["high"] - mean), 0.0, None) + noise["v0"]
 
 
 def rl_prediction(
@@ -166,6 +197,7 @@ def rl_prediction(
     eval_problems: int,
     level: float,
     seed: int = 0,
+    resamples: int = 0,
 ) -> dict[str, Any]:
     """The target's predicted curve (median and band on a compute grid up to `target_compute`) and its final
     accuracy with a predictive interval. Its peers are the grid points that agree with `target_point` on every
@@ -189,17 +221,26 @@ def rl_prediction(
         sizes = sorted({f["parameters"]: f for f in fits}.values(), key=lambda f: f["parameters"])
         if len(sizes) < 2:
             raise AnalysisError("predicting another model size needs grid points of at least two sizes")
-        law, size_draws = size_law(sizes, eval_problems, len(next(iter(draws.values())).draws), level)
+        law, size_draws = size_law(
+            sizes, eval_problems, resamples or len(next(iter(draws.values())).draws), level
+        )
         r0 = float(np.clip(law["r0_line"][0] + law["r0_line"][1] * np.log(target_params), 0.0, 1.0))
         curves = np.stack([d.curve(target_params, r0, grid) for d in size_draws])
         method = f"joint size fit over {len(sizes)} sizes"
+
     q = [(1 - level) / 2 * 100, 50, (1 + level) / 2 * 100]
     lo, mid, hi = np.percentile(curves, q, axis=0)
-    mean_final = curves[:, -1]
-    n = max(1, eval_problems * target_seeds)
-    measured = rng.binomial(n, np.clip(mean_final, 0, 1)) / n + rng.normal(
-        0, seed_spread(fits) / np.sqrt(target_seeds), len(mean_final)
-    )
+    noise = seed_noise(fits)
+    # how far the mean of the target's seeds lands from each fit draw's (20 draws each): the seeds' variance
+    # over their count, times sqrt(dof / chi2_dof) for how well the grid measured it (a t draw); no two seeds
+    # anywhere: one eval's binomial noise
+    mean = np.repeat(curves[:, -1], 20)
+    if noise["dof"]:
+        spread = noise["dof"] / rng.chisquare(noise["dof"], len(mean))
+        var = seed_var(mean, noise) / target_seeds * spread
+    else:
+        var = np.clip(mean * (1 - mean), 0, None) / max(1, eval_problems * target_seeds)
+    measured = mean + rng.standard_normal(len(mean)) * np.sqrt(var)
     plo, pmid, phi = np.percentile(measured, q)
     return {
         "method": method,
@@ -212,7 +253,7 @@ def rl_prediction(
         "final": float(pmid),
         "final_interval": [float(plo), float(phi)],
         "final_fit_interval": [float(lo[-1]), float(hi[-1])],
-        "seed_spread": seed_spread(fits),
+        "seed_noise": noise,
         "level": level,
     }  # fmt: skip
 
@@ -247,24 +288,35 @@ def rl_validation(prediction: dict[str, Any], target_runs: Sequence[Record]) -> 
 
 
 def pretrain_fits(
-    records: Sequence[Record], at: tuple[float, float] | None, resamples: int, level: float
+    records: Sequence[Record],
+    at: tuple[float, float] | None,
+    resamples: int,
+    level: float,
+    target_seeds: int = 1,
 ) -> dict[str, Any]:
     """Chinchilla's law over the grid's mean held-out losses, and its prediction at `at` = (N, D) (default:
-    the grid's largest N and D) with a bootstrap interval."""
-    points = []
+    the grid's largest N and D) with a prediction interval for the mean loss of `target_seeds` runs
+    (`bootstrap_chinchilla`; replicate seeds, where a point has them, measure one run's noise)."""
+    points, sq, dof = [], 0.0, 0
     for label, runs in by_label([r for r in records if r["role"] == "grid"]).items():
+        losses = np.array([r["loss"] for r in runs])
+        sq, dof = sq + float(((losses - losses.mean()) ** 2).sum()), dof + len(runs) - 1
         points.append({
             "label": label,
             "parameters": int(runs[0]["parameters"]),
             "tokens": float(np.mean([r["tokens"] for r in runs])),
-            "loss": float(np.mean([r["loss"] for r in runs])),
+            "loss": float(losses.mean()),
             "seeds": len(runs),
         })  # fmt: skip
     n = [p["parameters"] for p in points]
     d = [p["tokens"] for p in points]
     y = [p["loss"] for p in points]
     at = at or (max(n), max(d))
-    fit, pred, interval = bootstrap_chinchilla(n, d, y, at, resamples, level)
+    seeds = len(points) / sum(1 / p["seeds"] for p in points)
+    seed_var = (sq / dof, dof, seeds) if dof else None
+    fit, pred, interval, noise = bootstrap_chinchilla(
+        n, d, y, at, resamples, level, 0, seed_var, target_seeds
+    )
     return {
         "points": points,
         "fit": {"e": fit.e, "a": fit.a, "alpha": fit.alpha, "b": fit.b, "beta": fit.beta, "rss": fit.rss},
@@ -276,6 +328,8 @@ def pretrain_fits(
             "loss": pred,
             "interval": list(interval),
             "level": level,
+            "target_seeds": target_seeds,
+            "noise": noise,
         },
     }
 

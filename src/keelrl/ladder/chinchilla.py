@@ -10,8 +10,8 @@ Fit (pure numpy, deterministic): for each (alpha, beta) on a grid the loss is li
 non-negative least squares (every subset of the three terms, batched; the best feasible one); the grid then
 zooms in around the best point (`scaling.zoom_grid_search`, the search of every ladder fit). Departures from
 the paper, stated: squared error on the loss itself rather than a Huber loss on log-loss (a ladder here has a
-dozen points and no outliers to resist), and bootstrap intervals over points rather than over the paper's
-initialisations.
+dozen points and no outliers to resist), and a residual bootstrap rather than the paper's initialisations,
+giving a prediction interval for the target's measured loss, not only for the law (`bootstrap_chinchilla`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _nnls_rss(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fit_chinchilla(
-    params: Sequence[float], tokens: Sequence[float], loss: Sequence[float], rounds: int = 4
+    params: Sequence[float], tokens: Sequence[float], loss: Sequence[float], rounds: int = 7
 ) -> ChinchillaFit:
     """Least-squares fit of E, A, alpha, B, beta (all >= 0) to (N, D, L) points; exponents in [0.01, 3]."""
     n = np.asarray(params, np.float64)
@@ -112,17 +112,35 @@ def bootstrap_chinchilla(
     resamples: int = 200,
     level: float = 0.95,
     seed: int = 0,
-) -> tuple[ChinchillaFit, float, tuple[float, float]]:
-    """The fit on all points, its prediction at `at` = (N, D), and a percentile interval of that prediction
-    over fits to points drawn with replacement (a draw with fewer than two sizes or token counts is redrawn)."""
+    seed_var: tuple[float, int, float] | None = None,
+    target_seeds: int = 1,
+) -> tuple[ChinchillaFit, float, tuple[float, float], dict[str, float]]:
+    """The fit on all points (each a mean over its seeds), its prediction at `at` = (N, D), and a prediction
+    interval for the mean loss of `target_seeds` runs there: the spread of refits to the fitted values plus the
+    residuals drawn with replacement (scaled by sqrt(P / dof): the design, every size and token count, is kept),
+    each plus one draw of the target's own departure from the law, normal times sqrt(dof / chi2_dof) (a t draw).
+    That departure's variance: the residual variance s2 = RSS / dof (dof = P minus the fitted parameters), which
+    holds seed noise and what the law's form misses; with `seed_var` = (variance of one run, its dof, harmonic
+    mean seeds per point) from replicate seeds, s2 splits into seed noise / seeds per point and a lack of fit,
+    and the target's is lack of fit + seed noise / target_seeds."""
     n, d, y = (np.asarray(v, np.float64) for v in (params, tokens, loss))
     full = fit_chinchilla(n, d, y)
+    fitted = full.predict(n, d)
+    dof = max(1, len(y) - 1 - 2 * (full.a > 0) - 2 * (full.b > 0))
+    s2 = full.rss / dof
+    var = s2
+    if seed_var is not None and seed_var[1] > 0:
+        lack = max(0.0, s2 - seed_var[0] / seed_var[2])
+        var = lack + seed_var[0] / target_seeds
     rng = np.random.default_rng(seed)
-    preds: list[float] = []
-    while len(preds) < resamples:
-        i = rng.integers(0, len(y), len(y))
-        if len(set(n[i])) < 2 or len(set(d[i])) < 2:
-            continue
-        preds.append(float(fit_chinchilla(n[i], d[i], y[i]).predict(np.array(at[0]), np.array(at[1]))))
-    q = np.percentile(preds, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
-    return full, float(full.predict(np.array(at[0]), np.array(at[1]))), (float(q[0]), float(q[1]))
+    resid = (y - fitted) * np.sqrt(len(y) / dof)
+    preds = np.array([
+        float(fit_chinchilla(n, d, fitted + rng.choice(resid, len(y))).predict(np.array(at[0]), np.array(at[1])))
+        for _ in range(resamples)
+    ])  # fmt: skip
+    draws = np.repeat(preds, 20) + rng.standard_normal(20 * resamples) * np.sqrt(
+        var * dof / rng.chisquare(dof, 20 * resamples)
+    )
+    q = np.percentile(draws, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    pred = float(full.predict(np.array(at[0]), np.array(at[1])))
+    return full, pred, (float(q[0]), float(q[1])), {"residual_var": s2, "target_var": var, "dof": dof}

@@ -1,21 +1,18 @@
-"""OUT/ladder.html: one self-contained page per ladder, in the report's style (monitor/report.py's inline SVG
-plots and styles, no JavaScript): the fitted curves with their bands over the measured points, the ranking by
-A with intervals, the size laws, the prediction against the validation run, and every run."""
+"""OUT/ladder.html: one self-contained page per ladder, drawn like the report (monitor/plots.py: interactive
+Plotly plots, offline): the fitted curves with their bands over the measured points, the ranking by A with
+intervals, the size laws, the prediction against the validation run, and every run."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from keelrl.ladder.scaling import sigmoid_curve
-from keelrl.monitor.report import RUN_COLORS, STYLE, Series, svg_plot
-
-
-def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+from keelrl.monitor.plots import RUN_COLORS, Series, figure, page
+from keelrl.monitor.plots import esc as _e
+from keelrl.monitor.run_dir import atomic_write_text
 
 
 def _ci(pair: list[float], fmt: str = ".3f") -> str:
@@ -27,64 +24,39 @@ def _rl_plots(result: dict[str, Any]) -> list[str]:
     for i, f in enumerate(sorted(result["fits"], key=lambda f: f["parameters"])):
         color = RUN_COLORS[i % len(RUN_COLORS)]
         compute, mean = np.array(f["compute"]), np.array(f["accuracy"]).mean(0)
-        series.append(
-            Series(
-                f"{f['label']} (mean of {f['seeds']})",
-                list(zip(compute[1:], mean[1:], strict=True)),
-                color,
-                dots=True,
-            )
-        )
         grid = np.geomspace(compute[1], compute[-1] * 4, 40)
         fitted = sigmoid_curve(grid, f["r0"], f["a"], f["b"], f["c_mid"])
-        series.append(
-            Series(f"fit: A {f['a']:.2f}, B {f['b']:.2f}", list(zip(grid, fitted, strict=True)), color, "6 3")
-        )
+        series += [
+            Series(
+                f"{f['label']} (mean of {f['seeds']})", list(zip(compute[1:], mean[1:])), color, dots=True
+            ),
+            Series(f"fit: A {f['a']:.2f}, B {f['b']:.2f}", list(zip(grid, fitted)), color, "dash"),
+        ]
     p = result.get("prediction")
     if p:
         c = p["curve"]
         series.append(Series(
-            f"predicted target ({p['level']:.0%} band)", list(zip(c["compute"], c["mid"], strict=True)), "#444", "2 2",
+            f"predicted target ({p['level']:.0%} band)", list(zip(c["compute"], c["mid"], strict=True)), "#444", "dot",
             band=list(zip(c["compute"], c["lo"], c["hi"], strict=True)),
         ))  # fmt: skip
     v = result.get("validation")
     if v and "compute" in v:
         mean = np.array(v["accuracy"]).mean(0)
-        series.append(
-            Series(
-                f"target measured (mean of {len(v['accuracy'])})",
-                list(zip(v["compute"][1:], mean[1:], strict=True)),
-                "#000",
-                dots=True,
-            )
-        )
+        label = f"target measured (mean of {len(v['accuracy'])})"
+        series.append(Series(label, list(zip(v["compute"][1:], mean[1:])), "#000", dots=True))
     plots = [
-        svg_plot(
-            "Held-out pass rate against training compute",
-            series,
-            (),
-            "pass rate",
-            760,
-            380,
-            "training FLOPs (estimated)",
-            log_x=True,
+        figure(
+            "Held-out pass rate against training compute", series, "pass rate", (), "training FLOPs (estimated)",
+            log_x=True, size=(760, 380),
         )
-    ]
+    ]  # fmt: skip
     for f in result["fits"]:
         seeds = [
             Series(f"seed {k}", list(zip(f["steps"], row, strict=True)), RUN_COLORS[k % len(RUN_COLORS)])
             for k, row in enumerate(f["accuracy"])
         ]
-        plots.append(
-            svg_plot(
-                f"rank {f['rank_by_a']} (N = {f['parameters']:,}): every seed",
-                seeds,
-                (),
-                "pass rate",
-                370,
-                220,
-            )
-        )
+        title = f"rank {f['rank_by_a']} (N = {f['parameters']:,}): every seed"
+        plots.append(figure(title, seeds, "pass rate", size=(450, 300)))
     return plots
 
 
@@ -154,30 +126,19 @@ def _pretrain_html(result: dict[str, Any]) -> tuple[list[str], str]:
         series.append(Series(f"N = {n:,}", pts, color, dots=True))
         grid = np.geomspace(pts[0][0] / 2, pts[-1][0] * 4, 30)
         loss = f["e"] + f["a"] * float(n) ** -f["alpha"] + f["b"] * grid ** -f["beta"]
-        series.append(Series(f"fit N = {n:,}", list(zip(grid, loss, strict=True)), color, "6 3"))
+        series.append(Series(f"fit N = {n:,}", list(zip(grid, loss, strict=True)), color, "dash"))
     v = result.get("validation")
     if v:
         p = ch["prediction"]
-        series.append(
-            Series(
-                "target: predicted (interval)",
-                [(p["tokens"], p["loss"])],
-                "#444",
-                dots=True,
-                band=[(p["tokens"] * 0.97, *p["interval"]), (p["tokens"] * 1.03, *p["interval"])],
-            )
-        )
-        series.append(Series("target: measured", [(v["tokens"], v["loss"])], "#000", dots=True))
-    plot = svg_plot(
-        "Held-out loss against tokens, per model size",
-        series,
-        (),
-        "nats / token",
-        760,
-        380,
-        "training tokens",
-        log_x=True,
-    )
+        band = [(p["tokens"] * 0.97, *p["interval"]), (p["tokens"] * 1.03, *p["interval"])]
+        series += [
+            Series("target: predicted (interval)", [(p["tokens"], p["loss"])], "#444", dots=True, band=band),
+            Series("target: measured", [(v["tokens"], v["loss"])], "#000", dots=True),
+        ]
+    plot = figure(
+        "Held-out loss against tokens, per model size", series, "nats / token", (), "training tokens", log_x=True,
+        size=(760, 380),
+    )  # fmt: skip
     if ch["params_exponent"] is not None:
         split = f"compute-optimal parameters grow as C^{ch['params_exponent']:.2f}"
     else:
@@ -212,18 +173,16 @@ def render_page(result: dict[str, Any]) -> str:
         for r in result["runs"]
     )
     cost = result.get("cost", {})
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>keelrl ladder</title><style>{STYLE}</style></head><body>"
+    return page(
+        "keelrl ladder",
         f"<h1>Scaling ladder ({_e(result['kind'])})</h1><p>config {_e(result['plan']['config'])}, "
         f"overrides {_e(' '.join(result['plan']['overrides']) or 'none')}; CPU time {cost.get('cpu_seconds', 0) / 60:.1f} min.</p>"
         f"{_prediction_html(result)}<div class='grid-plots'>{''.join(plots)}</div>{tables}"
         f"<h2>Runs</h2><table><tr><th>run</th><th>role</th><th>parameters</th><th>final compute (FLOPs)</th>"
-        f"<th>CPU s</th><th>wall s</th></tr>{runs}</table></body></html>"
+        f"<th>CPU s</th><th>wall s</th></tr>{runs}</table>",
     )
 
 
 def write_page(result: dict[str, Any], path: Path) -> Path:
-    from keelrl.monitor.run_dir import atomic_write_text
-
     atomic_write_text(path, render_page(result))
     return path

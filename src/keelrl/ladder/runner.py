@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from keelrl.config import Config, ConfigError, config_to_dict, load_config
+from keelrl.config_checks import check_inputs
 from keelrl.ladder import analysis
 from keelrl.ladder.config import LadderConfig
 from keelrl.ladder.kinds import KINDS, Kind, LadderError, rl_flops_per_token_param
@@ -151,12 +152,22 @@ def run_ladder(
     cfg = load_config(config, overrides)
     lad = _ladder_section(cfg.ladder, axes, seeds, target, jobs)
     grid, targets = plan_runs(lad)
-    for run in grid[:: lad.seeds] + targets[:1]:  # every point's config is valid before anything starts
-        load_config(config, overrides + run.overrides())
     if lad.kind == "rl" and not cfg.eval.at_start:
         raise ConfigError(
             "an RL ladder needs eval.at_start = true: R0, the curve's start, is its step-0 eval"
         )
+    for run in grid[:: lad.seeds] + targets[:1]:  # every point can run and be fitted before anything starts
+        point = load_config(config, overrides + run.overrides())
+        if lad.kind == "rl":
+            check_inputs(point)
+            e, steps = point.eval, point.train.steps
+            evals = {0, steps, *(range(e.every_steps, steps, e.every_steps) if e.every_steps else ())}
+            if len(evals) < 4:
+                raise ConfigError(
+                    f"{run.label}: train.steps = {steps} with eval.every_steps = {e.every_steps} evaluates at steps "
+                    f"{sorted(evals)}; ScaleRL's curve needs step 0 and 3 more. Set eval.every_steps to at most "
+                    f"{max(1, steps // 3)}."
+                )
     out = Path(out)
     plan = {"config": str(config), "overrides": overrides, "ladder": lad.model_dump(mode="json")}
     _check_plan(out, plan)
@@ -184,7 +195,9 @@ def run_ladder(
             result["size_law"] = analysis.size_law(sizes, problems, lad.resamples, lad.level)[0]
     else:
         at = _pretrain_target(kind, target_cfg, records) if target_cfg is not None else None
-        result["chinchilla"] = analysis.pretrain_fits(records, at, lad.resamples, lad.level)
+        result["chinchilla"] = analysis.pretrain_fits(
+            records, at, lad.resamples, lad.level, len(targets) or 1
+        )
     if target_cfg is not None:
         if "prediction" in previous:
             result["prediction"] = previous["prediction"]  # written before the target ran: kept as it was

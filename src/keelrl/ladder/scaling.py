@@ -13,8 +13,8 @@ around the best point (`zoom_grid_search`). Departure from the paper, stated: Sc
 optimises; a grid is slower than a gradient method but cannot wander off on the flat directions of a sigmoid
 seen only on its rising part.
 
-Intervals: `bootstrap_fit` resamples the seeds (with replacement) and, optionally, every eval point as a
-binomial draw of its `eval_problems` problems, refits the mean curve each time and reports percentile intervals.
+Intervals: `bootstrap_fit` resamples the seeds (with replacement; `resampled_mean`), refits the mean curve each
+time and reports percentile intervals.
 """
 
 from __future__ import annotations
@@ -62,21 +62,23 @@ def zoom_grid_search(
     points: int,
     rounds: int,
 ) -> tuple[float, np.ndarray, np.ndarray]:
-    """Minimise over a box: a grid of `points` per dimension, then `rounds - 1` finer grids spanning 4 grid
-    steps either side of the best point so far. `evaluate(coords [G, D]) -> (loss [G], payload [G, ...])`
-    (the payload: what the caller solved in closed form at each point). Returns (loss, coords [D], payload)
-    of the best point; ties go to the first in grid order. The one search behind every fit of the ladder."""
+    """Minimise over a box: a grid of `points` per dimension, then `rounds - 1` grids of 9 points per dimension
+    spanning 2 steps either side of the best point so far (each halves the step). `evaluate(coords [G, D]) ->
+    (loss [G], payload [G, ...])` (the payload: what the caller solved in closed form at each point). Returns
+    (loss, coords [D], payload) of the best point; ties go to the first in grid order. The one search behind
+    every fit of the ladder."""
     lo_, hi_ = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
     best: tuple[float, np.ndarray, np.ndarray] = (np.inf, lo_, np.empty(0))
-    for _ in range(rounds):
-        axes = [np.linspace(lo_[k], hi_[k], points) for k in range(len(lo_))]
+    for r in range(rounds):
+        n = points if r == 0 else 9
+        axes = [np.linspace(lo_[k], hi_[k], n) for k in range(len(lo_))]
         coords = np.stack([m.ravel() for m in np.meshgrid(*axes, indexing="ij")], -1)  # [G, D]
         loss, payload = evaluate(coords)
         k = int(np.argmin(loss))
         if loss[k] < best[0]:
             best = (float(loss[k]), coords[k], payload[k])
-        step = (hi_ - lo_) / (points - 1)
-        lo_, hi_ = best[1] - 4 * step, best[1] + 4 * step
+        step = (hi_ - lo_) / (n - 1)
+        lo_, hi_ = best[1] - 2 * step, best[1] + 2 * step
     return best
 
 
@@ -86,7 +88,7 @@ def fit_sigmoid(
     r0: float,
     warmup: float = 0.0,
     ceiling: float = 1.0,
-    rounds: int = 4,
+    rounds: int = 7,
 ) -> SigmoidFit:
     """Least-squares fit of A, B, C_mid to (compute, score) points with compute > `warmup` (R0 given)."""
     c = np.asarray(compute, dtype=np.float64)
@@ -113,13 +115,21 @@ def fit_sigmoid(
     return SigmoidFit(r0, float(a_best), float(np.exp(lb_best)), float(np.exp(lm_best)), rss_best, len(c))
 
 
-def resampled_mean(scores: np.ndarray, rng: np.random.Generator, eval_problems: int) -> np.ndarray:
-    """One bootstrap draw of the mean curve of `scores` [seeds, points]: seeds drawn with replacement, and
-    (eval_problems > 0) every score redrawn as a binomial pass rate over that many problems."""
-    rows = scores[rng.integers(0, len(scores), len(scores))]
-    if eval_problems > 0:
-        rows = rng.binomial(eval_problems, np.clip(rows, 0.0, 1.0)) / eval_problems
-    return rows.mean(0)
+def resampled_mean(
+    scores: np.ndarray, rng: np.random.Generator, eval_problems: int, scale: float = 1.0
+) -> np.ndarray:
+    """One bootstrap draw of the mean curve of `scores` [seeds, points]. S >= 2 seeds: the mean plus each seed's
+    departure from it times a standard normal draw (a wild bootstrap: a seed's curve moves as one, and S = 3
+    seeds give a continuous spread, not 10 resamples), over S and times sqrt(S / (S - 1)), so the draw varies
+    as a fresh mean of S seeds would; `scale` widens it further (a t draw's sqrt(dof / chi2)). One seed: every
+    score redrawn as a binomial pass rate over `eval_problems` problems (> 0), the only noise known without a
+    second seed."""
+    s = len(scores)
+    if s == 1:
+        p = np.clip(scores[0], 0.0, 1.0)
+        return rng.binomial(eval_problems, p) / eval_problems if eval_problems > 0 else p
+    mean = scores.mean(0)
+    return mean + rng.standard_normal(s) @ (scores - mean) / s * np.sqrt(s / (s - 1)) * scale
 
 
 @dataclass(frozen=True)
@@ -142,10 +152,11 @@ def bootstrap_fit(
     level: float = 0.95,
     seed: int = 0,
     ceiling: float = 1.0,
+    dof: int = 0,
 ) -> FitIntervals:
     """Fit the mean over seeds of the scores [S, N] (one row per seed, at the shared `compute` points), with
-    percentile intervals of A, B and C_mid: each resample draws S seeds with replacement and, when
-    `eval_problems` > 0, replaces every score p by a binomial draw k / n with n = eval_problems."""
+    percentile intervals of A, B and C_mid over refits to `resampled_mean` draws, each widened by
+    sqrt(dof / chi2_dof) when `dof` (the seed noise's degrees of freedom, e.g. pooled over a ladder's points)."""
     scores = np.asarray(seed_scores, dtype=np.float64)
     if scores.ndim != 2 or scores.shape[1] != len(compute):
         raise ValueError(f"seed_scores must be [seeds, {len(compute)}], got {scores.shape}")
@@ -153,7 +164,8 @@ def bootstrap_fit(
     rng = np.random.default_rng(seed)
     params = []
     for _ in range(resamples):
-        f = fit_sigmoid(compute, resampled_mean(scores, rng, eval_problems), r0, warmup, ceiling)
+        scale = np.sqrt(dof / rng.chisquare(dof)) if dof else 1.0
+        f = fit_sigmoid(compute, resampled_mean(scores, rng, eval_problems, scale), r0, warmup, ceiling)
         params.append((f.a, f.b, f.c_mid))
     p = np.array(params)
     q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
@@ -191,7 +203,7 @@ def fit_size_sigmoid(
     r0: Sequence[float],
     warmup: Sequence[float],
     ceiling: float = 1.0,
-    rounds: int = 5,
+    rounds: int = 9,
 ) -> SizeFit:
     """Least-squares fit of (a0, a1, B, c0, c1) to every size's (compute, score) points after its warm-up cut,
     R0 given per size. For each (B, c0, c1) on a grid, (a0, a1) are linear least squares (then A is clipped to
@@ -244,13 +256,16 @@ def bootstrap_size_fit(
     seed: int = 0,
     ceiling: float = 1.0,
 ) -> tuple[SizeFit, list[SizeFit]]:
-    """The joint fit of every size's mean curve, and `resamples` refits where each size's seeds are drawn
-    with replacement and (eval_problems > 0) each score is redrawn as a binomial, as in `bootstrap_fit`."""
+    """The joint fit of every size's mean curve, and `resamples` refits to each size's `resampled_mean`, all
+    sizes' draws widened by one sqrt(dof / chi2_dof) per refit (dof: the seeds' degrees of freedom over every
+    size), so that the spread of a few seeds' means is not taken as known."""
     means = [np.asarray(s, np.float64).mean(0) for s in seed_scores]
     full = fit_size_sigmoid(params, compute, means, r0, warmup, ceiling)
     rng = np.random.default_rng(seed)
+    dof = sum(len(s) - 1 for s in seed_scores)  # of the seed noise, pooled over sizes
     draws = []
     for _ in range(resamples):
-        rows = [resampled_mean(np.asarray(s, np.float64), rng, eval_problems) for s in seed_scores]
+        scale = np.sqrt(dof / rng.chisquare(dof)) if dof else 1.0
+        rows = [resampled_mean(np.asarray(s, np.float64), rng, eval_problems, scale) for s in seed_scores]
         draws.append(fit_size_sigmoid(params, compute, rows, r0, warmup, ceiling))
     return full, draws
