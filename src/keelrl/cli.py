@@ -3,54 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 from keelrl.config import Config, ConfigError, load_config
+from keelrl.config_checks import check_inputs
 from keelrl.config_load import describe_fields
 from keelrl.eval_cli import add_eval_options, cmd_compare, cmd_eval
+from keelrl.monitor.sinks import say, silence
+from keelrl.supervisor import ENV_SUPERVISED, supervise
+
+# Exceptions that mean the user asked for something impossible: printed as one paragraph, exit 2. By name, so
+# that catching one imports nothing (its module is loaded: it raised it); tests/unit/test_cli.py checks the names.
+USER_ERRORS = (
+    "keelrl.config_load.ConfigError", "keelrl.models.ModelLoadError", "keelrl.tasks.TaskError",
+    "keelrl.run.ResumeError", "keelrl.checkpoint.CheckpointError", "keelrl.monitor.doctor.DoctorError",
+    "keelrl.monitor.run_lock.RunLockedError", "keelrl.monitor.run_dir.RunDirError", "keelrl.sft.data.DataError",
+    "keelrl.ladder.kinds.LadderError", "keelrl.ladder.analysis.AnalysisError", "keelrl.sandbox.boxes.BoxError",
+)  # fmt: skip
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean the user asked for something impossible: printed as one paragraph, exit 2."""
-    from keelrl.checkpoint import CheckpointError
-    from keelrl.ladder.analysis import AnalysisError
-    from keelrl.ladder.kinds import LadderError
-    from keelrl.models import ModelLoadError
-    from keelrl.monitor.doctor import DoctorError
-    from keelrl.monitor.run_dir import RunDirError
-    from keelrl.monitor.run_lock import RunLockedError
-    from keelrl.sft.data import DataError
-    from keelrl.tasks import TaskError
-    from keelrl.trainer import ResumeError
-
-    return (
-        ConfigError,
-        ModelLoadError,
-        TaskError,
-        ResumeError,
-        CheckpointError,
-        DoctorError,
-        RunLockedError,
-        RunDirError,
-        DataError,
-        LadderError,
-        AnalysisError,
-    )
+def is_user_error(err: BaseException) -> bool:
+    return any(f"{c.__module__}.{c.__qualname__}" in USER_ERRORS for c in type(err).__mro__)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)  # a bad config stops here, before anything starts
+    check_inputs(cfg)  # and what a restart cannot fix, in seconds: task, model.path, a reward model's pairs
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
     from keelrl.distributed import under_torchrun
 
     if under_torchrun():  # torchrun is the launcher: it restarts the group (--max-restarts), we just train
         return cmd_worker(args)
     if cfg.supervisor.enabled and not args.no_supervisor:
-        from keelrl.supervisor import supervise
-
         # With --nproc-per-node N the supervised worker is a torchrun group: a rank that dies (or hangs past
         # distributed.timeout_s) fails the group, and the supervisor restarts all of it from the checkpoint.
         launcher = (
@@ -78,7 +67,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         ]
         for item in args.set:
             argv += ["--set", item]
-        code = supervise(argv, run_dir, cfg.supervisor)
+        code = supervise(argv, run_dir, cfg.supervisor, cfg.train.steps, cfg.train.stage)
         _print_outcome(run_dir)
         return code
     if args.nproc_per_node > 1 or args.torchrun:
@@ -126,17 +115,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / Path(args.config).stem
+    supervised = os.environ.get(ENV_SUPERVISED) == "1"  # then the supervisor says how it ended
     try:
         train(cfg, run_dir, resume=args.resume)
     except RunStop as err:
-        print(f"keelrl: {err}", file=sys.stderr)
+        if not supervised:
+            print(f"keelrl: {err}", file=sys.stderr)
         return err.exit_code
-    if int(os.environ.get("RANK", 0)) == 0:
+    if int(os.environ.get("RANK", 0)) == 0 and not supervised:
         _print_outcome(run_dir)
     return 0
 
 
 def _print_outcome(run_dir: Path) -> None:
+    """The last line: the final eval of a finished run (stdout), else its state and why it stopped (stderr)."""
     summary_file = run_dir / "summary.json"
     status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
     if status.get("state") == "finished" and summary_file.exists():
@@ -144,10 +136,11 @@ def _print_outcome(run_dir: Path) -> None:
         acc = summary.get("final_eval", {}).get("accuracy")
         shown = f"{acc:.3f}" if isinstance(acc, (int, float)) else "n/a"
         what = "held-out pair accuracy" if summary.get("stage") == "rm" else "final eval accuracy"
-        print(f"done: {summary.get('steps')} steps, {what} {shown}, run dir {run_dir}")
+        say(f"done: {summary.get('steps')} steps, {what} {shown}, run dir {run_dir}")
     elif status:
         at = f" at step {status['step']}" if status.get("step") is not None else ""
-        print(f"run {status.get('state')}{at}; run dir {run_dir}")
+        why = f": {status['reason']}" if status.get("state") == "stopped" and status.get("reason") else ""
+        say(f"run {status.get('state')}{at} (run dir {run_dir}){why}", err=True)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -244,10 +237,22 @@ def _add_train_options(t: argparse.ArgumentParser, positional_config: bool = Tru
     )
 
 
+def worker_parser() -> argparse.ArgumentParser:
+    """`keelrl worker ...`: what the supervisor runs (not a user's command, so not in --help)."""
+    w = argparse.ArgumentParser(prog="keelrl worker")
+    w.add_argument("config", nargs="?")
+    w.add_argument("--set", action="append", default=[])
+    w.add_argument("--run-dir")
+    w.add_argument("--resume", choices=["auto", "never"], default="auto")
+    w.set_defaults(func=cmd_worker)
+    return w
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="keelrl", description="RL post-training for language models on verifiable tasks."
     )
+    p.add_argument("--version", action="version", version=f"keelrl {importlib.metadata.version('keelrl')}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a policy with RL (config file + --set overrides)")
@@ -268,10 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="JSONL file to write ({problem, completion, reward} per line)"
     )
     rf.add_argument("--model", help="sample this model instead of model.path (e.g. RUN/final)")
-    rf.add_argument("--problems", type=int, default=1000, help="training problems to sample")
-    rf.add_argument("--samples", type=int, default=8, help="completions per problem")
     rf.add_argument(
-        "--per-problem", type=int, default=2, help="distinct correct completions kept per problem"
+        "--problems", type=int, default=1000, help="training problems to sample (default %(default)s)"
+    )
+    rf.add_argument("--samples", type=int, default=8, help="completions per problem (default %(default)s)")
+    rf.add_argument(
+        "--per-problem",
+        type=int,
+        default=2,
+        help="distinct correct completions kept per problem (default %(default)s)",
     )
     rf.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     rf.set_defaults(func=cmd_rft)
@@ -291,13 +301,6 @@ def build_parser() -> argparse.ArgumentParser:
     rt.add_argument("--config", help="TOML config for everything else ([data], [algo] lr, [train], ...)")
     _add_train_options(rt, positional_config=False)
     rt.set_defaults(func=cmd_rm)
-
-    w = sub.add_parser("worker", help=argparse.SUPPRESS)  # what the supervisor runs
-    w.add_argument("config", nargs="?")
-    w.add_argument("--set", action="append", default=[])
-    w.add_argument("--run-dir")
-    w.add_argument("--resume", choices=["auto", "never"], default="auto")
-    w.set_defaults(func=cmd_worker)
 
     e = sub.add_parser(
         "eval",
@@ -391,12 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_doctor)
 
     r = sub.add_parser(
-        "report", help="write one self-contained HTML report of a run (plots, findings, sample rollouts)"
+        "report", help="write one self-contained HTML report of a run (interactive plots, findings, rollouts)"
     )
     r.add_argument("run_dir", help="run directory")
     r.add_argument("-o", "--out", default=None, help="output HTML file (default: RUN_DIR/report.html)")
     r.add_argument(
-        "--compare", nargs="+", default=[], metavar="RUN_DIR2", help="overlay these runs on every plot"
+        "--compare", nargs="+", default=[], metavar="RUN_DIR2", help="overlay these runs, list config diffs"
     )
     r.set_defaults(func=cmd_report)
 
@@ -418,17 +421,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_ladder_options(lad)
     lad.set_defaults(func=cmd_ladder)
 
+    from keelrl.tasks.check import add_tasks_options
+
+    add_tasks_options(sub.add_parser("tasks", help="agentic task sets: `tasks check DIR...`, base images"))
+
     f = sub.add_parser("config-fields", help="print every config field with its default and documentation")
     f.set_defaults(func=cmd_fields)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    worker = argv[:1] == ["worker"]  # what the supervisor runs: its errors read as the command's own
     try:
-        return int(args.func(args) or 0)
-    except _user_errors() as err:
-        print(f"keelrl {args.command}: error: {err}", file=sys.stderr)
+        args = worker_parser().parse_args(argv[1:]) if worker else build_parser().parse_args(argv)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows here, not at exit
+        return code
+    except BrokenPipeError:  # `keelrl doctor RUN | head`: stop quietly, with a SIGPIPE's status, as cat does
+        return silence(sys.stdout) or 128 + signal.SIGPIPE
+    except Exception as err:
+        if not is_user_error(err):
+            raise
+        print(f"keelrl{'' if worker else ' ' + argv[0]}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -78,16 +78,15 @@ def fill_pipeline(run: Run, state: TrainState) -> None:
 
 
 def restore_pipeline(run: Run, state: TrainState) -> None:
-    """Asynchronous runs: put back the batches the checkpoint holds for this rank (none when starting), then
-    fill the pipeline up to its schedule (rollout/pipeline.py)."""
+    """Asynchronous runs: put back the batches the checkpoint holds for this rank (none when starting, or after a
+    rollback, which drops them), then fill the pipeline up to its schedule (rollout/pipeline.py)."""
     assert run.pipeline is not None
-    if state.pipeline:
-        if len(state.pipeline) != run.world.world_size:
-            raise ResumeError(
-                f"the checkpoint holds the asynchronous pipeline of {len(state.pipeline)} ranks; this run has "
-                f"{run.world.world_size}. Resume with the same number of processes."
-            )
-        run.pipeline.restore(state.pipeline[run.world.rank], state.step)
+    if state.pipeline and len(state.pipeline) != run.world.world_size:
+        raise ResumeError(
+            f"the checkpoint holds the asynchronous pipeline of {len(state.pipeline)} ranks; this run has "
+            f"{run.world.world_size}. Resume with the same number of processes."
+        )
+    run.pipeline.restore(state.pipeline[run.world.rank] if state.pipeline else [], state.step)
     fill_pipeline(run, state)
 
 
@@ -221,6 +220,7 @@ def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
     scored = rows[status == 0] if bool((status == 0).any()) else rows  # [b, 7] the rollouts with a reward
     reward, correct, formatted = scored[:, 0], scored[:, 1], scored[:, 2]
     length, truncated, repetitive = rows[:, 3], rows[:, 4], rows[:, 5]
+    cut = scored[:, 4] > 0  # [b] truncated, with a reward: did the answer come before the cut?
     return {
         "reward/mean": float(reward.mean()),
         "reward/std": float(reward.std(correction=0)),
@@ -229,6 +229,7 @@ def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
         "response_length/mean": float(length.mean()),
         "response_length/max": float(length.max()),
         "response_length/truncated_frac": float(truncated.mean()),
+        "response_length/truncated_formatted_frac": float(formatted[cut].mean()) if bool(cut.any()) else 0.0,
         "repetition/frac": float(repetitive.mean()),
         "tokens/generated": float(length.sum()),
         "episode/verifier_errors": float((status == STATUSES.index("verifier_error")).sum()),
@@ -237,6 +238,19 @@ def rollout_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
         "episode/error_frac": float((status != 0).double().mean()),
         **(episode_metrics(run, rollouts) if run.prompter.multiturn else {}),
         **(learned_reward_metrics(run, rollouts) if run.reward_model is not None else {}),
+        **reward_function_metrics(run, rollouts),
+    }
+
+
+def reward_function_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
+    """Each reward function's mean over the batch's rollouts with a reward that list them (`info["rewards"]`:
+    task "dataset"), as `reward/fn/<name>`."""
+    parts = all_gather_list(
+        [r.info["rewards"] for r in rollouts if r.status == "ok" and "rewards" in r.info], run.world
+    )
+    names = sorted({n for p in parts for n in p})
+    return {
+        f"reward/fn/{n}": float(torch.tensor([p[n] for p in parts if n in p]).double().mean()) for n in names
     }
 
 
@@ -249,19 +263,31 @@ def learned_reward_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float
 
 def episode_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
     """Multi-turn episodes over the global batch: mean turns, tool calls and whole-sequence length per episode,
-    tool errors in all and per call, and the fraction that ended for each reason (`episode/end/<reason>`)."""
+    tool errors in all and per call, and the fraction that ended for each reason (`episode/end/<reason>`); for
+    episodes in a box (terminal tasks: info container_s, verifier_s), the mean seconds from its start to the
+    verifier's end and of the verifier (`episode/container_s`, `episode/verifier_s`)."""
     local = [
         (r.info.get("turns", 0), r.info.get("tool_calls", 0), r.info.get("tool_errors", 0),
-         len(r.prompt_ids) + len(r.completion_ids), EPISODE_ENDS.index(r.finish_reason))  # type: ignore[arg-type]
+         len(r.prompt_ids) + len(r.completion_ids), EPISODE_ENDS.index(r.finish_reason),  # type: ignore[arg-type]
+         r.info.get("container_s", -1.0), r.info.get("verifier_s", -1.0), r.info.get("action_errors", 0))
         for r in rollouts
     ]  # fmt: skip
-    rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 5]
-    turns, calls, errors, length, end = rows.unbind(dim=1)
+    rows = torch.tensor(all_gather_list(local, run.world), dtype=torch.float64)  # [B, 8]
+    turns, calls, errors, length, end, box_s, verifier_s, action_errors = rows.unbind(dim=1)
+    timed = box_s >= 0  # [B] episodes that ran in a box
+    box = {
+        "episode/container_s": float(box_s[timed].mean()),
+        "episode/verifier_s": float(verifier_s[timed].mean()),
+    }
     return {
+        **(box if bool(timed.any()) else {}),
         "episode/turns": float(turns.mean()),
         "episode/tool_calls": float(calls.mean()),
         "episode/tool_errors": float(errors.sum()),
         "episode/tool_error_rate": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
+        "episode/action_errors": float(
+            action_errors.mean()
+        ),  # turns a typed action could not parse, per episode
         "episode/length": float(length.mean()),
         **{f"episode/end/{name}": float((end == i).double().mean()) for i, name in enumerate(EPISODE_ENDS)},
     }
@@ -293,5 +319,7 @@ def close_step(
     n = run.cfg.log.rollouts_per_step
     if n and run.world.is_writer:
         stride = max(1, len(rollouts) // n)
-        run.run_dir.append_rollouts([r.to_json(state.step) for r in rollouts[::stride][:n]])
+        decode = run.tokenizer.decode  # the prompt as the policy saw it: `keelrl report` shows it
+        kept = rollouts[::stride][:n]
+        run.run_dir.append_rollouts([{**r.to_json(state.step), "prompt": decode(r.prompt_ids)} for r in kept])
     return metrics

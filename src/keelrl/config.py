@@ -13,14 +13,22 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from keelrl.algo.config import AlgoConfig as AlgoConfig  # re-exported: its home is algo/config.py
-from keelrl.config_checks import check_batch_arithmetic, check_engine, check_off_policy, check_selfplay
+from keelrl.config_checks import (
+    check_batch_arithmetic,
+    check_engine,
+    check_off_policy,
+    check_packages,
+    check_selfplay,
+)
 from keelrl.config_load import ConfigError as ConfigError  # re-exported: the error callers catch
-from keelrl.config_load import apply_overrides, read_toml, validate
+from keelrl.config_load import apply_overrides, parse_override, read_toml, validate
 from keelrl.guards.rules import GuardsConfig
 from keelrl.ladder.config import LadderConfig
 from keelrl.lora_config import LoraConfig as LoraConfig  # re-exported: its home is lora_config.py
+from keelrl.monitor.log_config import LogConfig as LogConfig  # re-exported: its home is monitor/log_config.py
 from keelrl.rm.config import RewardConfig as RewardConfig  # re-exported: its home is rm/config.py
 from keelrl.rollout.vllm_config import VLLMConfig
+from keelrl.sandbox.config import SandboxConfig
 from keelrl.selfplay.config import SelfPlayConfig
 from keelrl.sft.config import DataConfig as DataConfig  # re-exported: its home is sft/config.py
 
@@ -98,12 +106,13 @@ class TaskConfig(Section):
         default_factory=dict,
         description="Task parameters (see the task's own parameter model); checked by get_task.",
     )
-    template: Literal["auto", "base", "chat", "compact"] = Field(
+    template: Literal["auto", "base", "chat", "compact", "qwen_instruct"] = Field(
         "auto",
         description=(
             "Prompt rendering: 'base' is TinyZero's plain-text conversation, 'chat' uses the tokenizer's chat "
             "template, 'compact' is a short prompt for character-level tiny models, 'auto' picks chat when the "
-            "tokenizer has a template, compact for the tiny character tokenizer, and base otherwise."
+            "tokenizer has a template, compact for the tiny character tokenizer, and base otherwise. "
+            "'qwen_instruct': TinyZero's Countdown prompt for instruct models, its ChatML written out, word for word."
         ),
     )
     seed: int = Field(0, description="Seed of the procedural problem generator (same seed, same problems).")
@@ -139,6 +148,12 @@ class RolloutConfig(Section):
     chunk_size: int = Field(
         0, ge=0, description="Sequences generated together (memory bound); 0 means the whole batch."
     )
+    decode: Literal["auto", "eager", "graph"] = Field(
+        "auto",
+        description="How the hf engine decodes: 'graph' runs each token through one torch.compile'd step "
+        "(CUDA graphs on a GPU; compiled once per batch shape), 'eager' through the plain forward; 'auto' is "
+        "graph on CUDA, eager elsewhere (rollout/hf.py); 'eager' for a model that does not compile.",
+    )
     max_staleness: int = Field(
         0,
         ge=0,
@@ -166,6 +181,10 @@ class EpisodeConfig(Section):
     workers: int = Field(
         8, ge=1, description="Multi-turn environments: threads stepping the batch's episodes concurrently."
     )
+    step_rewards: Literal["sum", "mean", "discounted"] = Field("sum", description=(
+        "Multi-turn environments: the episode's reward from its step rewards r_1..r_T and finish's F (tasks/env.py): "
+        "sum r_t + F (sum); sum r_t / T + F (mean); sum discount^(t-1) r_t + discount^(turns-1) F (discounted)."))  # fmt: skip
+    discount: float = Field(1.0, ge=0.0, le=1.0, description="Multi-turn environments: the factor of step_rewards = 'discounted'.")  # fmt: skip
 
 
 class TrainConfig(Section):
@@ -345,17 +364,6 @@ class FaultsConfig(Section):
     )
 
 
-class LogConfig(Section):
-    console_every: int = Field(1, ge=1, description="Print a console line every this many steps.")
-    progress: bool = Field(True, description="Show a progress bar on a terminal.")
-    tensorboard: bool = Field(
-        True, description="Write TensorBoard event files under RUN/tb when tensorboard is installed."
-    )
-    wandb: bool = Field(False, description="Log to Weights & Biases (needs the wandb extra).")
-    wandb_project: str = Field("keelrl", description="W&B project name.")
-    rollouts_per_step: int = Field(8, ge=0, description="Rollouts per step written to rollouts.jsonl.gz.")
-
-
 class CurriculumConfig(Section):
     """Which problems to train on next (keelrl.curriculum): the order of the data, an adaptive curriculum over
     difficulty buckets and task-mixture members, and dynamic sampling."""
@@ -507,6 +515,7 @@ class Config(Section):
     task: TaskConfig = Field(
         default_factory=TaskConfig, description="What is trained on and how it is scored."
     )
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Where model-written commands and code run.")  # fmt: skip
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
     episode: EpisodeConfig = Field(
         default_factory=EpisodeConfig,
@@ -559,6 +568,11 @@ class Config(Section):
         check_engine(self)
         check_off_policy(self)
         check_selfplay(self)
+        if self.task.name == "dataset":  # its reward functions import now, not in the worker
+            from keelrl.tasks.dataset import check_params
+
+            check_params(self.task.params)
+        check_packages(self)
         return self
 
     @property
@@ -574,6 +588,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     """Read a TOML file (or start from defaults when path is None), apply `--set` overrides, validate."""
     data = read_toml(Path(path)) if path is not None else {}
     source = str(Path(path)) if path is not None else "defaults"
+    renamed = [value for key, value in map(parse_override, overrides or []) if key == ["task", "name"]]
+    task = data.get("task", {})
+    if renamed and renamed[-1] != task.get("name"):  # the file's task.params are for the file's task
+        task.pop("params", None)
     data = apply_overrides(data, overrides or [])
     return config_from_dict(data, source + (" with --set overrides" if overrides else ""))
 

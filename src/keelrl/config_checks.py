@@ -3,10 +3,77 @@ the batch arithmetic again once the world size is known)."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from keelrl.config_load import ConfigError
 
 if TYPE_CHECKING:
     from keelrl.config import Config
+
+
+def check_packages(cfg: Config) -> None:
+    """Raise ValueError naming the setting and the `pip install` that fixes it when `cfg` needs an optional
+    package that is not installed (checked on load: a run never starts only to crash on an import)."""
+    c = cfg
+    ray_pool = "scorer" if c.distributed.scorer == "ray" else "sampler"
+    needs = {  # import name -> (the setting that needs it, needed?, keelrl's extra that installs it)
+        "wandb": ("log.wandb = true", c.log.wandb, "wandb"),
+        "mlflow": ("log.mlflow = true", c.log.mlflow, "mlflow"),
+        "vllm": ("rollout.engine = 'vllm'", c.rollout.engine == "vllm", "vllm"),
+        "peft": (f"model.lora.rank = {c.model.lora.rank}", c.model.lora.rank > 0, "peft"),
+        "ray": (f"distributed.{ray_pool} = 'ray'", "ray" in (c.distributed.scorer, c.distributed.sampler), "ray"),
+        "gguf": (f"model.path = {c.model.path!r}", c.model.path.endswith(".gguf") or c.model.path == "smollm2", "gguf"),
+        "reasoning_gym": (f"task.name = {c.task.name!r}", c.task.name.startswith("reasoning_gym:"), "envs"),
+    }  # fmt: skip
+    for module, (setting, needed, extra) in needs.items():
+        if needed and importlib.util.find_spec(module) is None:
+            raise ValueError(
+                f"{setting} needs the {module} package, which is not installed here: {pip_install(extra, module)} "
+                f"(or pip install 'keelrl[{extra}]'), or change {setting.split(' = ')[0]}"
+            )
+
+
+def pip_install(extra: str, fallback: str) -> str:
+    """The `pip install` of keelrl's `extra` (its packages and versions as pyproject.toml lists them)."""
+    try:
+        reqs = importlib.metadata.requires("keelrl") or []
+    except importlib.metadata.PackageNotFoundError:
+        reqs = []
+    wanted = [r.split(";")[0].strip() for r in reqs if r.endswith(f'extra == "{extra}"')]
+    return "pip install " + " ".join(f"'{r}'" for r in wanted or [fallback])
+
+
+def local_path(path: str) -> bool:
+    """Whether a model name can only be a local path: it starts with '.', '/' or '~', ends in .gguf, or has
+    more slashes than a hub id (org/name)."""
+    return path.startswith((".", "/", "~")) or path.endswith(".gguf") or path.count("/") > 1
+
+
+def check_inputs(cfg: Config) -> None:
+    """What a run names must be there before anything starts (`keelrl train` runs this before the supervisor, a
+    ladder for every point): the task builds with task.params, model.path and reward.model exist when they are
+    local paths, and a reward model's preference pairs can train and judge it. Raises a user error (exit 2)."""
+    from keelrl.tasks import TaskError, get_task
+
+    task = get_task(cfg.task.name, cfg.task.seed, cfg.sandbox, **cfg.task.params)
+    for split in ("train", "test"):  # a split with nothing in it fails here, not at the first eval
+        try:
+            task.problem(split, 0)
+        except Exception as err:  # whatever the task raises, drawing it again would raise it again
+            raise TaskError(f"task.name = {cfg.task.name!r} has no {split} problem: {err}") from None
+    for setting, path in (("model.path", cfg.model.path), ("reward.model", cfg.reward.model)):
+        if path and local_path(path) and not Path(path).expanduser().exists():
+            raise ConfigError(
+                f"{setting} = {path!r} does not exist. Give an HF model directory, a keelrl checkpoint (RUN/final, "
+                "RUN/checkpoints/latest), a .gguf file, a hub id (org/name), 'smollm2' or 'tiny'."
+            )
+    if cfg.train.stage == "rm":
+        from keelrl.sft.data import read_pairs
+
+        read_pairs(cfg.data, cfg.task.seed)
 
 
 def check_batch_arithmetic(cfg: Config, world_size: int) -> None:

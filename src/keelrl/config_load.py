@@ -41,15 +41,19 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for text in overrides:
-        path, value = parse_override(text)
-        node = data
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {text!r}: {part!r} is a value, not a section")
-            node = child
-        node[path[-1]] = value
+        set_key(data, *parse_override(text), f"--set {text!r}")
     return data
+
+
+def set_key(data: dict[str, Any], path: list[str], value: Any, what: str) -> None:
+    """data[path[0]][path[1]]... = value, making sections on the way; `what` names the override in errors."""
+    node = data
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{what}: {part!r} is a value, not a section")
+        node = child
+    node[path[-1]] = value
 
 
 def read_toml(p: Path) -> dict[str, Any]:
@@ -60,6 +64,8 @@ def read_toml(p: Path) -> dict[str, Any]:
         )
     raw = p.read_bytes()
     try:
+        if p.suffix == ".json":  # what keelrl.train writes for its worker: the same tables
+            return json.loads(raw)
         return tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
@@ -67,9 +73,10 @@ def read_toml(p: Path) -> dict[str, Any]:
             f"{p} is not UTF-8 text (byte {raw[err.start]:#04x} on line {line}); TOML files must be UTF-8. "
             "Save it again as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or remove the non-ASCII characters."
         ) from None
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(
-            f"{p} is not valid TOML: {err}. Check quoting and [section] headers near that line."
+            f"{p} is not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {err}. Check quoting and [section] "
+            "headers near that line."
         ) from None
 
 

@@ -23,6 +23,8 @@ Informative means any reward variance, not accuracy variance: reward variance is
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import math
 import random
@@ -175,17 +177,11 @@ def systematic_counts(weights: Sequence[float], n: int, u: float) -> list[int]:
         return [0] * len(weights)
     if total <= 0:
         raise ValueError("sampling weights are all zero")
-    counts, cum, j = [0] * len(weights), 0.0, 0
-    edges = []
-    for w in weights:
-        cum += w / total
-        edges.append(cum)
+    edges = list(itertools.accumulate(w / total for w in weights))  # cumulative shares
     edges[-1] = 1.0 + 1e-12
+    counts = [0] * len(weights)
     for i in range(n):
-        pos = (u + i) / n
-        while pos >= edges[j]:
-            j += 1
-        counts[j] += 1
+        counts[bisect.bisect_right(edges, (u + i) / n)] += 1
     return counts
 
 

@@ -23,6 +23,7 @@ target-blind habit.
 from __future__ import annotations
 
 import math
+import platform
 import random
 import time
 from collections import Counter
@@ -446,10 +447,25 @@ def _summarize(
         "wall_seconds": wall,
         "peak_rss_gb": peak_rss_gb,
         "run_dir": str(out / "rl"),
+        "cpu": cpu_model(),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(
         f"run directory: {out / 'rl'} (metrics, rollouts, checkpoints incl. best), summary: {out / 'summary.json'}; "
         f"{wall / 60:.1f} min, peak RSS {peak_rss_gb:.2f} GB. Next: keelrl doctor {out / 'rl'} ; keelrl report {out / 'rl'}"
     )
+    console.print(
+        f"These digits are exact for this CPU model ({summary['cpu']}): the same seed repeats them on it. Another "
+        "model's kernels round differently and the many training steps amplify that, so it gives other digits and "
+        "a like gain (seed 0: 0.288 -> 0.748 on an Intel Xeon, 0.320 -> 0.696 on an AMD EPYC)."
+    )
     return summary
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo): what a demo's exact digits hold for."""
+    info = Path("/proc/cpuinfo")
+    for line in info.read_text().splitlines() if info.exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from keelrl.config import TinyModelConfig
-from keelrl.demo import pretrain
+from keelrl.demo import demo_rl_config, pretrain
 from keelrl.tasks.countdown_search import CORPUS_MIX, packed_corpus_text
 
 # Countdown with three numbers from 1..20 and targets up to 100 (the 4-number variant: `task_params(4)`).
@@ -106,29 +106,20 @@ def default_plan(numbers: int = 3) -> SearchPlan:
 def search_rl_config(
     base_model: str, params: dict[str, Any], plan: SearchPlan, seed: int, threads: int = 1
 ) -> dict[str, Any]:
-    """The RL stage's config: GRPO on countdown_search (compact template), demo.demo_rl_config's algorithm."""
-    return {
-        "model": {"path": base_model},
-        "task": {"name": "countdown_search", "template": "compact", "params": params, "seed": 0},
-        "rollout": {
-            "batch_size": plan.rl_batch,
-            "group_size": plan.group_size,
-            "max_new_tokens": plan.max_new_tokens,
-            "temperature": plan.temperature,
-        },
-        "algo": {
-            "lr": plan.rl_lr,
-            "advantage": "grpo",
-            "loss_agg": "token_mean",
-            "clip_low": 0.2,
-            "clip_high": 0.28,
-        },
-        "train": {"steps": plan.rl_steps, "micro_batch_size": 32, "seed": seed, "threads": threads},
-        "eval": {"every_steps": plan.eval_every, "problems": plan.rl_eval_problems, "at_start": False},
-        "checkpoint": {"every_steps": plan.eval_every, "keep_last": 1, "keep_best": 1},
-        "log": {"rollouts_per_step": 4},
-        "supervisor": {"enabled": False},
-    }
+    """The RL stage's config: GRPO on countdown_search (compact template), demo.demo_rl_config's run at the
+    plan's sizes."""
+    cfg = demo_rl_config(base_model, params, plan.rl_steps, plan.eval_every, seed)
+    cfg["task"]["name"] = "countdown_search"
+    cfg["rollout"].update(
+        batch_size=plan.rl_batch, group_size=plan.group_size, max_new_tokens=plan.max_new_tokens
+    )
+    cfg["rollout"]["temperature"] = plan.temperature
+    cfg["algo"]["lr"] = plan.rl_lr
+    cfg["train"]["threads"] = threads
+    cfg["eval"].update(problems=plan.rl_eval_problems, at_start=False)
+    cfg["checkpoint"]["keep_last"] = 1
+    cfg["log"]["rollouts_per_step"] = 4
+    return cfg
 
 
 def evaluate_search(model_path: str, task: Any, plan: SearchPlan, seed: int) -> Any:
@@ -175,13 +166,7 @@ def pretrain_search_model(
         seed,
     )
     save_hf_dir(policy, tokenizer, out / "base")
-    return {
-        "parameters": sum(p.numel() for p in policy.parameters()),
-        "steps": result.steps,
-        "tokens": result.tokens,
-        "final_loss": result.final_loss,
-        "seconds": result.seconds,
-    }
+    return {"parameters": sum(p.numel() for p in policy.parameters()), **asdict(result)}
 
 
 def _eval_summary(report: Any) -> dict[str, Any]:

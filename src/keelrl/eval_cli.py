@@ -101,7 +101,7 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
         raise ConfigError(f"--problems must be at least 1, got {args.problems}")
     run_cfg = run_cfg if run_cfg is not None else (run_config_near(model_path) or {})
     params, task_seed, template_req = task_params_for(args, run_cfg)
-    task = get_task(args.task, seed=task_seed, **params)
+    task = get_task(args.task, task_seed, run_cfg.get("sandbox"), **params)
     model, tokenizer = load_for_eval(model_path, args.device)
     template = resolve_template(template_req, tokenizer)
     max_new = args.max_new_tokens or run_cfg.get("rollout", {}).get("max_new_tokens", 256)
@@ -175,7 +175,7 @@ def _perplexity_eval(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError("--perplexity reference needs --task (whose reference solutions to score)")
         run_cfg = run_config_near(args.model) or {}
         params, task_seed, template_req = task_params_for(args, run_cfg)
-        task = get_task(args.task, seed=task_seed, **params)
+        task = get_task(args.task, task_seed, run_cfg.get("sandbox"), **params)
         model, tokenizer = load_for_eval(args.model, args.device)
         result = reference_perplexity(
             model, tokenizer, task, resolve_template(template_req, tokenizer), args.problems
@@ -319,7 +319,7 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--template",
-        choices=["auto", "base", "chat", "compact"],
+        choices=["auto", "base", "chat", "compact", "qwen_instruct"],
         default=None,
         help="prompt rendering (default: the run's, else auto)",
     )

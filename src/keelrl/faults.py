@@ -46,22 +46,23 @@ class FaultInjector:
         self.run_dir.event("fault", step, fault=name, injected=True, **fields)
         return True
 
+    def _due(self, name: str, step: int) -> bool:
+        """The drill `name` (a field holding a step, 0 = off) is set for `step` and fires now."""
+        return 0 < getattr(self.cfg, name) == step and self._fire(name, step)
+
     def after_step(self, step: int) -> None:
-        if self.cfg.crash_at_step and step == self.cfg.crash_at_step and self._fire("crash_at_step", step):
+        if self._due("crash_at_step", step):
             raise InjectedFault(f"injected fault: crash_at_step={step}")
-        if self.cfg.hang_at_step and step == self.cfg.hang_at_step and self._fire("hang_at_step", step):
+        if self._due("hang_at_step", step):
             while True:  # no heartbeats from here on: the supervisor must notice
                 time.sleep(3600)
 
     def weight_sync_drill(self, step: int) -> str | None:
         """The weight push after step `step`'s update: "skip" it, keep the engine's "stale_prefix_cache", or
         None (a real push). The weight-sync check must catch both drills."""
-        c = self.cfg
-        if 0 < c.skip_weight_sync_at_step == step and self._fire("skip_weight_sync_at_step", step):
+        if self._due("skip_weight_sync_at_step", step):
             return "skip"
-        if 0 < c.stale_prefix_cache_at_step == step and self._fire("stale_prefix_cache_at_step", step):
-            return "stale_prefix_cache"
-        return None
+        return "stale_prefix_cache" if self._due("stale_prefix_cache_at_step", step) else None
 
     def before_sampling(self, step: int, sampler: object) -> None:
         """kill_engine_at_step: SIGKILL the sampling engine's process as step `step` starts sampling. The pid is
@@ -74,23 +75,18 @@ class FaultInjector:
 
     def save_forced(self, step: int) -> bool:
         """True when a drill needs a checkpoint at this step even if the interval does not call for one."""
-        return (
-            bool(self.cfg.kill_during_save_at_step)
-            and step == self.cfg.kill_during_save_at_step
-            and ("kill_during_save_at_step" not in self.fired)
-        )
+        return 0 < self.cfg.kill_during_save_at_step == step and "kill_during_save_at_step" not in self.fired
 
     def before_save(self, step: int) -> Callable[[str], None] | None:
         """The hook for this step's checkpoint write (called after each file), or None: a kill after the
         weights, before the manifest (kill_during_save_at_step), or a full disk at the trainer state."""
-        c = self.cfg
 
         def at_trainer_state(act: Callable[[], None]) -> Callable[[str], None]:
             return lambda fname: act() if fname == ckpt.TRAINER_STATE else None
 
-        if c.kill_during_save_at_step == step and step and self._fire("kill_during_save_at_step", step):
+        if self._due("kill_during_save_at_step", step):
             return at_trainer_state(lambda: os.kill(os.getpid(), signal.SIGKILL))
-        if c.disk_full_at_step == step and step and self._fire("disk_full_at_step", step):
+        if self._due("disk_full_at_step", step):
 
             def full() -> None:
                 raise OSError(errno.ENOSPC, "No space left on device (injected fault)")
@@ -114,11 +110,7 @@ class FaultInjector:
 
     def corrupt_gradients(self, step: int, model: torch.nn.Module) -> None:
         """Called after backward, before the optimizer step of RL step `step` (1-based)."""
-        if (
-            self.cfg.nan_grad_at_step
-            and step == self.cfg.nan_grad_at_step
-            and self._fire("nan_grad_at_step", step)
-        ):
+        if self._due("nan_grad_at_step", step):
             for p in model.parameters():
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))

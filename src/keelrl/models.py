@@ -37,6 +37,7 @@ from transformers import (
 )
 
 from keelrl.config import ModelConfig, TinyModelConfig
+from keelrl.config_checks import local_path
 
 CHAR_EOS = "<eos>"
 CHAR_UNK = "<unk>"
@@ -216,7 +217,7 @@ def _load(cfg: ModelConfig, head: Head = "lm") -> tuple[PreTrainedModel, PreTrai
         if not p.is_file():
             raise ModelLoadError(f"model file {p} does not exist. Give the path of an existing .gguf file.")
         return load_gguf(p, cfg.dtype, attn, head)
-    if p.exists() or path.startswith((".", "/", "~")):
+    if p.exists() or local_path(path):
         return load_local_dir(p, cfg.dtype, cfg.trust_remote_code, attn, head)
     return load_hub(path, cfg.dtype, cfg.trust_remote_code, attn, head)
 

@@ -200,6 +200,7 @@ def guard_phase(run: Run, state: TrainState) -> str:
     if action == "rollback" and trigger is not None:
         return "rollback" if rollback(run, state, trigger) else "stop"
     if action == "stop" and trigger is not None:
+        run.live.stop_reason = f"{trigger.name}: {trigger.message} What to do: {trigger.suggestion}"
         run.event(
             "guard_stop",
             state.step,
@@ -218,6 +219,7 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
     cfg = run.cfg.guards
 
     def refuse(reason: str) -> bool:
+        run.live.stop_reason = f"{trigger.name}: {trigger.message} No rollback was possible: {reason}."
         run.event(
             "guard_stop",
             state.step,
@@ -272,7 +274,8 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
     if state.proposer is not None:  # self-play's second policy: its sampler's version follows its weights
         sync_sampler(*proposer_view(run, state), state.step)
     if run.pipeline is not None:
-        restore_pipeline(run, state)  # the checkpoint's batches, then the schedule from there
+        state.pipeline = []  # not the checkpoint's queued batches: drawn before the trouble (pipeline.py)
+        restore_pipeline(run, state)
     run.event(
         "rollback",
         from_step,
@@ -293,10 +296,9 @@ def stop_run(run: Run, state: TrainState) -> dict[str, Any]:
     """A guard asked to stop: keep a checkpoint of where we are (marked unhealthy) and say why."""
     save_checkpoint(run, state, {}, "stopped", wait=True)
     collect_saves(run)
-    run.report_status(state="stopped", step=state.step)
-    raise GuardStop(
-        f"stopped by guards at step {state.step}; see events.jsonl (kind guard_stop) and `keelrl doctor`"
-    )
+    why = f"stopped by guards at step {state.step}: {run.live.stop_reason} (keelrl doctor {run.run_dir.path})"
+    run.report_status(state="stopped", step=state.step, reason=why)
+    raise GuardStop(why)
 
 
 def install_sigterm(run: Run) -> Any:
@@ -342,12 +344,13 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
             if cfg.train.stage == "rm":  # what RL's reward.model needs beyond the weights (rm/model.py)
                 write_card(run, state, final_eval)
         except ckpt.WRITE_ERRORS as err:
-            run.report_status(state="stopped", step=state.step)
-            raise CheckpointStop(
+            why = (
                 f"training finished and its final checkpoint is saved, but exporting the policy to "
                 f"{run.run_dir.final_dir} failed ({type(err).__name__}: {err}). Free space there and run the "
                 "same command again: it resumes at the last step and only redoes the export."
-            ) from None
+            )
+            run.report_status(state="stopped", step=state.step, reason=why)
+            raise CheckpointStop(why) from None
         initial = next((m for m in run.run_dir.metrics() if m.get("step") == 0 and "eval/accuracy" in m), {})
         summary = {
             "state": "finished",

@@ -27,7 +27,7 @@ from keelrl.faults import FaultInjector
 from keelrl.guards.engine import Guardian
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.run_lock import RunLock
-from keelrl.monitor.sinks import ConsoleSink, Sink
+from keelrl.monitor.sinks import Sink, Terminal, describe_event
 from keelrl.rollout import Sampler, SamplingSettings
 from keelrl.rollout.episodes import Prompter
 from keelrl.rollout.pipeline import Pipeline
@@ -67,6 +67,7 @@ class Live:
     save_stalls: list[tuple[int, float, float]] = field(default_factory=list)  # (step, stall s, total s)
     stop_requested: bool = False  # SIGTERM: checkpoint at the end of this step and exit
     escalate: bool = False  # too many skipped updates: roll back after this step
+    stop_reason: str = ""  # why a guard stops the run: the finding's sentences (recovery.guard_phase)
 
 
 @dataclass
@@ -104,7 +105,7 @@ class Run:
     # the prefix of this run's update metrics in the step's record: "" for the policy, "proposer/" for self-play's
     # proposer view (the per-step guards judge an update against its own earlier ones)
     metric_prefix: str = ""
-    console: ConsoleSink | None = None
+    console: Terminal | None = None
     sinks: list[Sink] = field(default_factory=list)
     started: float = field(default_factory=time.time)
 
@@ -116,8 +117,8 @@ class Run:
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
         self.run_dir.event(kind, step, **fields)
-        if self.console is not None and kind != "checkpoint":
-            self.console.message(f"[{kind}] step {step}: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
+        if self.console is not None and kind not in ("checkpoint", "guard_stop"):  # the last line says a stop
+            self.console.say(describe_event(kind, step, fields))
 
     def on_writer(self, decide: Callable[[], Any]) -> Any:
         """`decide()` evaluated on rank 0 and broadcast: for decisions that read files or clocks and must be

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from keelrl import checkpoint as ckpt
 from keelrl.collect import restore_pipeline
-from keelrl.config import Config, config_to_dict
+from keelrl.config import Config, ConfigError, config_to_dict
 from keelrl.config_checks import check_batch_arithmetic
 from keelrl.critic import build_critic
 from keelrl.curriculum import make_source
@@ -29,7 +29,8 @@ from keelrl.lora import apply_lora
 from keelrl.models import compile_decoder, load_policy
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.run_lock import RunLock, RunLockedError, hold
-from keelrl.monitor.sinks import ConsoleSink, TensorBoardSink, WandbSink, tensorboard_available
+from keelrl.monitor.sinks import Terminal
+from keelrl.monitor.trackers import open_trackers
 from keelrl.rm.learned import LearnedReward
 from keelrl.rm.step import load_pairs
 from keelrl.rollout import SAMPLERS, SamplingSettings, make_async_sampler, make_sampler, resolve_template
@@ -114,15 +115,18 @@ def unsafe_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tuple[Run, TrainState]:
     world = init_world(cfg.train.device, cfg.distributed.backend, cfg.distributed.timeout_s)
-    check_batch_arithmetic(cfg, world.world_size)
+    try:  # the world size is known now: a batch that does not split over the ranks is the user's to fix
+        check_batch_arithmetic(cfg, world.world_size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     config_dict = config_to_dict(cfg)
     # the task, and its recipe for processes that rebuild it (Ray scoring actors)
-    make_task = functools.partial(get_task, cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
+    make_task = functools.partial(get_task, cfg.task.name, cfg.task.seed, cfg.sandbox, **cfg.task.params)
     task = make_task()
     if is_environment(task) and cfg.distributed.scorer == "ray":
-        raise ValueError(
+        raise ConfigError(
             f"task {cfg.task.name} is a multi-turn environment: its episodes are scored as each ends, on the "
             "trainer's environment threads (episode.workers); set distributed.scorer = 'local'"
         )
@@ -130,17 +134,17 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
         if getattr(cfg.distributed, setting) == "ray":
             import_ray(f"distributed.{setting}")
     if cfg.train.compile and world.world_size > 1:
-        raise ValueError(
+        raise ConfigError(
             f"train.compile is for a single process; this run has {world.world_size} ranks. Turn it off "
             "(DDP / FSDP2 with a compiled decoder is not tested in keelrl yet)."
         )
     if cfg.model.lora.rank and world.world_size > 1 and cfg.distributed.strategy == "fsdp2":
-        raise ValueError(
+        raise ConfigError(
             "model.lora with distributed.strategy = 'fsdp2' is not built; use 'ddp' (the optimizer state of "
             "adapters is small, so sharding it saves little)"
         )
     if cfg.train.stage == "rm" and (world.world_size > 1 or cfg.model.lora.rank):
-        raise ValueError(
+        raise ConfigError(
             "train.stage = 'rm' (reward-model training) runs in one process and trains the whole model for now: "
             f"this run has {world.world_size} ranks and model.lora.rank = {cfg.model.lora.rank}"
         )
@@ -170,10 +174,10 @@ def setup(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> tup
                 compile_decoder(ref)
         critic, critic_opt = None, None
         if cfg.train.stage == "selfplay" and world.world_size > 1:
-            raise ValueError("train.stage = 'selfplay' runs in one process for now; drop --nproc-per-node")
+            raise ConfigError("train.stage = 'selfplay' runs in one process for now; drop --nproc-per-node")
         if cfg.algo.advantage == "gae":
             if world.world_size > 1:
-                raise ValueError(
+                raise ConfigError(
                     f"algo.advantage = 'gae' (PPO with a learned critic) runs in one process for now; this run has "
                     f"{world.world_size} ranks. Use a group estimator (grpo, rloo, ...) under torchrun."
                 )
@@ -377,9 +381,7 @@ def observed_failures(run_dir: RunDir) -> tuple[int, float]:
 
 def open_sinks(run: Run, state: TrainState, config_dict: dict[str, Any]) -> None:
     cfg = run.cfg
-    run.console = ConsoleSink(cfg.train.steps, state.step, cfg.log.console_every, cfg.log.progress)
-    run.sinks = [run.console]
-    if cfg.log.tensorboard and tensorboard_available():
-        run.sinks.append(TensorBoardSink(run.run_dir.path / "tb", state.step))
-    if cfg.log.wandb:
-        run.sinks.append(WandbSink(run.run_dir.path, cfg.log.wandb_project, config_dict))
+    run.console = Terminal(
+        cfg.train.steps, state.step, cfg.train.stage, cfg.log.progress, cfg.log.console_every
+    )
+    run.sinks = [run.console, *open_trackers(run.run_dir.path, cfg.log, state.step, config_dict)]

@@ -43,6 +43,10 @@ class RolePolicy:
         self.version = int(saved["version"])
 
 
+# TrainState's JSON fields, in state.json
+COUNTERS = ("step", "policy_version", "best_metric", "best_step", "last_eval", "guards", "curriculum")
+
+
 @dataclass
 class TrainState:
     step: int  # RL steps completed
@@ -70,15 +74,7 @@ class TrainState:
 
     def counters(self) -> dict[str, Any]:
         """The JSON part of the state (the tensors are saved separately)."""
-        return {
-            "step": self.step,
-            "policy_version": self.policy_version,
-            "best_metric": self.best_metric,
-            "best_step": self.best_step,
-            "last_eval": self.last_eval,
-            "guards": self.guards,
-            "curriculum": self.curriculum,
-        }
+        return {k: getattr(self, k) for k in COUNTERS}
 
     def load_counters(self, data: dict[str, Any]) -> None:
         self.step = int(data["step"])

@@ -19,6 +19,10 @@ stop (3), checkpoints that keep failing, e.g. on a full disk (4).
 Preemption. SIGTERM/SIGINT reaches the worker as SIGTERM: it finishes its step, checkpoints and exits 0
 ("preempted"); a second signal kills it at once.
 
+Output. The worker's stdout and stderr come through pipes, line by line, to `RUN/worker.log` and to this
+process's stdout and stderr (plain lines off a terminal, above a progress bar on one: monitor/sinks.Terminal);
+every restart is a line there with its cause (a crash's exit status and last stderr line, a signal, a hang).
+
 The supervisor holds the run directory's lock (monitor/run_lock.py) for all its workers, so a restarted
 worker is never refused and a second trainer on the same directory is refused before it writes anything.
 
@@ -30,11 +34,14 @@ Python) writes status.json itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -44,6 +51,7 @@ from typing import Any
 from keelrl.config import SupervisorConfig
 from keelrl.monitor.run_dir import RunDir, atomic_write_text
 from keelrl.monitor.run_lock import hold
+from keelrl.monitor.sinks import Terminal
 
 HEARTBEAT_FILE = "heartbeat.json"
 WORKER_LOG = "worker.log"
@@ -147,7 +155,14 @@ class Supervisor:
         self.worker_argv = worker_argv
         self.run_dir = RunDir(run_path)
         self.cfg = cfg
+        self.terminal = Terminal(0)  # supervise() gives it the run's progress bar
+        # what the terminal is to show, in order; a reader that stops reading (`| less`, a pipe nobody drains)
+        # then loses lines (worker.log keeps them) instead of blocking the worker's output and so its heartbeat
+        self.lines: queue.Queue[tuple[str, bool]] = queue.Queue(maxsize=10_000)
+        threading.Thread(target=self._speak, daemon=True).start()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pumps: list[threading.Thread] = []
+        self.last_error = ""  # the worker's last line on stderr (a crash's exception)
         self.stop_signals = 0
         self.attempts: list[Attempt] = []
         self.restart_times: deque[float] = deque()
@@ -207,14 +222,13 @@ class Supervisor:
                 return 130
             if cause == "exit" and attempt.returncode in FINAL_EXITS:
                 # a user error, a guard that decided to stop, a disk that takes no checkpoint: restarting cannot help
-                self._status(state=FINAL_EXITS[attempt.returncode])
-                sys.stderr.write(log_tail(self.run_dir.path / WORKER_LOG, 5) + "\n")
+                self._status(state=FINAL_EXITS[attempt.returncode], reason=hb.get("reason"))
                 return attempt.returncode
             verdict = self._should_restart(attempt)
             if verdict is not None:
                 self.run_dir.event("gave_up", attempt.end_step or 0, reason=verdict)
                 self._status(state="failed", reason=verdict)
-                sys.stderr.write(f"keelrl supervisor: {verdict}\n")
+                self.say(f"keelrl supervisor: {verdict}", err=True)
                 return 1
             delay = min(60.0, self.cfg.backoff_s * 2 ** max(0, self._consecutive_failures() - 1))
             restored = self._restore_step()
@@ -231,6 +245,11 @@ class Supervisor:
                 delay_s=delay,
             )
             self._status(state="restarting", restarts=self.restarts)
+            self.say(
+                f"keelrl supervisor: worker {attempt.cause}, at step {attempt.end_step or 0}; restart "
+                f"{self.restarts} in {delay:g} s from {f'step {restored}' if restored else 'the start'} "
+                f"({lost} steps lost)"
+            )
             time.sleep(delay)
 
     def _start(self, resume_auto: bool) -> Attempt:
@@ -240,18 +259,23 @@ class Supervisor:
             argv = [*argv[:i], *argv[i + 2 :]]
         if resume_auto:
             argv += ["--resume", "auto"]
-        log = open(self.run_dir.path / WORKER_LOG, "ab")
-        env = {**os.environ, ENV_SUPERVISED: "1"}
+        env = {**os.environ, ENV_SUPERVISED: "1", "PYTHONUNBUFFERED": "1"}
         (self.run_dir.path / HEARTBEAT_FILE).unlink(missing_ok=True)
         self.proc = subprocess.Popen(
             argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=env,
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
-        log.close()
+        self.last_error = ""
+        self.pumps = [
+            threading.Thread(target=self._pump, args=(pipe, err), daemon=True)
+            for pipe, err in ((self.proc.stdout, False), (self.proc.stderr, True))
+        ]
+        for pump in self.pumps:
+            pump.start()
         attempt = Attempt(started=time.time(), start_step=self._restore_step())
         self.attempts.append(attempt)
         self._status(state="running", worker_pid=self.proc.pid, restarts=self.restarts)
@@ -262,8 +286,12 @@ class Supervisor:
         while True:
             code = self.proc.poll()
             if code is not None:
+                for pump in self.pumps:  # the worker's last words (a grandchild may hold the pipes a while)
+                    pump.join(timeout=2.0)
                 attempt.returncode = code
-                attempt.cause = _describe_exit(code)
+                attempt.cause = _describe_exit(code) + (
+                    f" ({self.last_error})" if code > 0 and self.last_error else ""
+                )
                 return "exit"
             hb = read_heartbeat(self.run_dir.path)
             now = time.time()
@@ -274,6 +302,7 @@ class Supervisor:
                         f"no heartbeat within supervisor.startup_timeout_s={self.cfg.startup_timeout_s:g}",
                     )
             else:
+                self.terminal.advance_to(int(hb.get("step") or 0))
                 self._status(
                     state=hb.get("state", "running"),
                     step=hb.get("step"),
@@ -288,6 +317,27 @@ class Supervisor:
                         f"(supervisor.hang_timeout_s={self.cfg.hang_timeout_s:g}) in phase {hb.get('phase')}",
                     )
             time.sleep(POLL_S)
+
+    def _pump(self, pipe: Any, err: bool) -> None:
+        """Copy the worker's stdout (or stderr) line by line to worker.log (appends: the two pumps' lines
+        interleave whole) and to this terminal (a line redrawn with carriage returns shows its last state)."""
+        with open(self.run_dir.path / WORKER_LOG, "ab") as log, pipe:
+            for raw in iter(pipe.readline, b""):
+                log.write(raw)
+                log.flush()
+                text = raw.decode(errors="replace").rstrip("\n").rsplit("\r", 1)[-1]
+                if err and text.strip():
+                    self.last_error = text.strip()
+                self.say(text, err)
+
+    def say(self, text: str, err: bool = False) -> None:
+        with contextlib.suppress(queue.Full):
+            self.lines.put_nowait((text, err))
+
+    def _speak(self) -> None:
+        while True:
+            self.terminal.say(*self.lines.get())
+            self.lines.task_done()
 
     def _hung(self, attempt: Attempt, why: str) -> str:
         self._kill_worker()
@@ -320,11 +370,10 @@ class Supervisor:
         n = self.cfg.crash_loop_restarts
         recent = self.attempts[-n:]
         if len(recent) == n and len({a.end_step for a in recent}) == 1:
-            tail = log_tail(self.run_dir.path / WORKER_LOG)
             return (
                 f"crash loop: {n} attempts in a row died at step {attempt.end_step} ({attempt.cause}). Restarting "
-                f"again would fail the same way; fix the cause and resume with the same command. "
-                f"Last lines of {WORKER_LOG}:\n{tail}"
+                f"again would fail the same way; fix the cause (the worker's output is above, and in "
+                f"{self.run_dir.path / WORKER_LOG}) and resume with the same command."
             )
         return None
 
@@ -332,11 +381,19 @@ class Supervisor:
         self.run_dir.write_status(pid=os.getpid(), **{k: v for k, v in fields.items() if v is not None})
 
 
-def supervise(worker_argv: list[str], run_path: Path, cfg: SupervisorConfig) -> int:
-    """Run `worker_argv` under supervision until it finishes, is stopped, or gives up. Returns an exit code."""
+def supervise(
+    worker_argv: list[str], run_path: Path, cfg: SupervisorConfig, steps: int = 0, label: str = "train"
+) -> int:
+    """Run `worker_argv` under supervision until it finishes, is stopped, or gives up; the terminal shows the
+    worker's output as it comes, under a progress bar of `steps` on a terminal. Returns an exit code."""
     supervisor = Supervisor(worker_argv, run_path, cfg)
     lock = hold(supervisor.run_dir)  # before anything is written: a second trainer is refused here, at once
+    supervisor.terminal = Terminal(steps, 0, label)
     try:
         return supervisor.run()
     finally:
+        deadline = time.time() + 5.0  # the last lines, unless the terminal has stopped taking any
+        while supervisor.lines.unfinished_tasks and time.time() < deadline:
+            time.sleep(0.05)
+        supervisor.terminal.close()
         lock.release()

@@ -69,7 +69,7 @@ def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dic
         on = f"{cfg.task.name} [{run.prompter.template}]"
         if run.stage_data is not None:
             on = f"{cfg.train.stage.upper()} data {cfg.data.path}: {run.stage_data.describe()}"
-        run.console.message(
+        run.console.say(
             f"keelrl: {cfg.model.path} ({model_summary(state.policy)['parameters'] / 1e6:.2f}M params) on "
             f"{on}, {cfg.train.steps} steps, run dir {run.run_dir.path}; {world.describe()}"
         )

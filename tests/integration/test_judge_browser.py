@@ -2,24 +2,23 @@
 Protocol (`Input.dispatchKeyEvent`), against `keelrl judge --session DIR` running as its own process. The
 judge types their name, votes with the arrows, t, ArrowDown and s, undoes once, asks for the verifier's
 verdict; the server is killed (SIGKILL) and started again on the same port, the page reloaded, and judging
-continues to the end (the results view). The votes in the SQLite store must be exactly the key presses,
+continues to the end (the results view). A pair whose two texts are identical is never shown (a tie nobody
+is asked about, counted in the results); mid-session the results API names no model, and the results view
+waits for a second judge to finish before it reveals the names. The votes in the SQLite store must be exactly the key presses,
 model text must render as text (an injected <img onerror> never runs), <think>/<answer> and multi-turn
 transcripts must render as such, and the console must stay clean. Screenshots: test-artifacts/judge.png
 (copied by hand to docs/judge.png for the README), test-artifacts/judge_results.png.
 
-Needs Debian's `chromium` (apt-get install -y chromium); skipped without it. The DevTools websocket is spoken
-by the small RFC 6455 client below (no extra package)."""
+Needs Debian's `chromium` (apt-get install -y chromium); skipped without it. The DevTools client is
+cdp_browser.py's."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -27,16 +26,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
 
 import pytest
+from cdp_browser import CHROMIUM, DevTools, open_browser
 
 from keelrl.monitor.judge_store import JudgeStore, Pair
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium)"
@@ -81,143 +78,6 @@ ROWS = [
 ]
 MODELS = {"A": "runs/countdown_grpo/checkpoints/step_000200", "B": "runs/countdown_grpo/final", "C": "base"}
 PAIRS_OF = [("A", "B"), ("B", "C"), ("A", "C"), ("A", "B"), ("B", "C"), ("A", "C"), ("A", "B"), ("B", "C")]
-KEYS = {  # key -> (key, code, windows virtual key code, text)
-    "ArrowLeft": ("ArrowLeft", "ArrowLeft", 37, ""),
-    "ArrowRight": ("ArrowRight", "ArrowRight", 39, ""),
-    "ArrowDown": ("ArrowDown", "ArrowDown", 40, ""),
-    "Enter": ("Enter", "Enter", 13, "\r"),
-    "t": ("t", "KeyT", 84, "t"),
-    "s": ("s", "KeyS", 83, "s"),
-    "u": ("u", "KeyU", 85, "u"),
-    "v": ("v", "KeyV", 86, "v"),
-}
-
-
-class DevTools:
-    """A minimal Chrome DevTools Protocol client over a websocket (RFC 6455: client frames masked, text
-    frames, continuation frames, pings answered); events are kept in `events`."""
-
-    def __init__(self, ws_url: str) -> None:
-        url = urlparse(ws_url)
-        self.sock = socket.create_connection((url.hostname, url.port), timeout=60)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall(
-            (
-                f"GET {url.path} HTTP/1.1\r\nHost: {url.hostname}:{url.port}\r\nUpgrade: websocket\r\n"
-                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-            ).encode()
-        )
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.sock.recv(4096)
-            assert chunk, "DevTools closed the connection during the handshake"
-            head += chunk
-        head, self.buf = head.split(b"\r\n\r\n", 1)
-        accept = base64.b64encode(
-            hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()
-        )
-        assert head.startswith(b"HTTP/1.1 101") and accept in head, head
-        self.next_id = 0
-        self.events: list[dict[str, Any]] = []
-
-    def _frame(self, opcode: int, payload: bytes) -> None:
-        mask = os.urandom(4)
-        n = len(payload)
-        size = (
-            bytes([0x80 | n])
-            if n < 126
-            else bytes([0x80 | 126]) + struct.pack(">H", n)
-            if n < 65536
-            else bytes([0x80 | 127]) + struct.pack(">Q", n)
-        )
-        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-        self.sock.sendall(bytes([0x80 | opcode]) + size + mask + masked)
-
-    def _exact(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = self.sock.recv(max(65536, n - len(self.buf)))
-            assert chunk, "DevTools closed the connection"
-            self.buf += chunk
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def _message(self) -> dict[str, Any]:
-        parts: list[bytes] = []
-        while True:
-            b0, b1 = self._exact(2)
-            n = b1 & 0x7F
-            if n == 126:
-                n = struct.unpack(">H", self._exact(2))[0]
-            elif n == 127:
-                n = struct.unpack(">Q", self._exact(8))[0]
-            payload = self._exact(n)  # the server's frames are not masked
-            opcode = b0 & 0x0F
-            if opcode == 0x9:
-                self._frame(0xA, payload)
-                continue
-            assert opcode in (0x0, 0x1, 0x2), f"DevTools sent websocket opcode {opcode}"
-            parts.append(payload)
-            if b0 & 0x80:
-                return json.loads(b"".join(parts))
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self.next_id += 1
-        self._frame(0x1, json.dumps({"id": self.next_id, "method": method, "params": params}).encode())
-        while True:
-            msg = self._message()
-            if msg.get("id") == self.next_id:
-                assert "error" not in msg, f"{method}: {msg['error']}"
-                return msg.get("result", {})
-            self.events.append(msg)
-
-    def js(self, expression: str) -> Any:
-        res = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
-        assert "exceptionDetails" not in res, res
-        return res["result"].get("value")
-
-    def press(self, name: str) -> None:
-        key, code, vk, text = (
-            KEYS[name] if name in KEYS else (name, f"Key{name.upper()}", ord(name.upper()), name)
-        )
-        down = {
-            "type": "keyDown" if text else "rawKeyDown",
-            "key": key,
-            "code": code,
-            "windowsVirtualKeyCode": vk,
-        }
-        self.call("Input.dispatchKeyEvent", **down, **({"text": text} if text else {}))
-        self.call("Input.dispatchKeyEvent", type="keyUp", key=key, code=code, windowsVirtualKeyCode=vk)
-
-    def wait(self, expression: str, timeout: float = 30.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = self.js(f"(() => {{ try {{ return {expression}; }} catch (e) {{ return false; }} }})()")
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(
-            f"timed out waiting for {expression}; page state: {self.js('JSON.stringify(document.body.dataset)')}"
-        )
-
-    def problems(self) -> list[str]:
-        """Console errors and warnings, uncaught exceptions and browser log errors seen so far."""
-        out = []
-        for e in self.events:
-            p = e.get("params", {})
-            if e.get("method") == "Runtime.consoleAPICalled" and p.get("type") in (
-                "error",
-                "warning",
-                "assert",
-            ):
-                out.append(f"console.{p['type']}: {[a.get('value') for a in p.get('args', [])]}")
-            elif e.get("method") == "Runtime.exceptionThrown":
-                out.append(f"exception: {p.get('exceptionDetails', {}).get('text')}")
-            elif e.get("method") == "Log.entryAdded" and p.get("entry", {}).get("level") in (
-                "error",
-                "warning",
-            ):
-                out.append(f"log: {p['entry'].get('text')} {p['entry'].get('url', '')}")
-        return out
 
 
 def make_session(path: Path) -> Path:
@@ -268,38 +128,8 @@ def start_server(session: Path, port: int, log: Path) -> subprocess.Popen[bytes]
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Callable[[], DevTools]]:
-    """Headless Chromium with a DevTools port; yields a function connecting to its page."""
-    assert CHROMIUM is not None
-    profile = tmp_path / "profile"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-             "--disable-background-networking", "--disable-component-update", "--window-size=1400,900",
-             "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"]  # fmt: skip
-    proc = subprocess.Popen(
-        [CHROMIUM, *flags], stdout=subprocess.DEVNULL, stderr=(tmp_path / "chromium.log").open("wb")
-    )
-    active = profile / "DevToolsActivePort"
-
-    def connect() -> DevTools:
-        deadline = time.monotonic() + 60
-        while not (active.is_file() and len(active.read_text().splitlines()) >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, (
-                tmp_path / "chromium.log"
-            ).read_text()
-            time.sleep(0.1)
-        port = int(active.read_text().splitlines()[0])
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30) as res:
-            targets = json.loads(res.read())
-        page = next(t for t in targets if t["type"] == "page")
-        return DevTools(page["webSocketDebuggerUrl"])
-
-    try:
+    with open_browser(tmp_path) as connect:
         yield connect
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def expected_outcome(row: int, choice: str) -> str:
@@ -349,7 +179,9 @@ def test_judge_page_in_chromium(browser: Callable[[], DevTools], tmp_path: Path)
             ("s", "skip"),
             ("ArrowDown", "tie"),
         ]
+        shown = [0, 1, 2, 3, 5, 6, 7]  # pair 4's two texts are identical: a tie nobody is asked about
         for k, (key, _) in enumerate(presses):
+            assert cdp.js("document.body.dataset.pair") == str(shown[k])
             if k == 1:  # pair 1: model text with markup shows as text and runs nothing
                 assert "<img src=x" in cdp.js("document.querySelector('.sides').textContent")
                 assert cdp.js("document.querySelectorAll('.sides img, .sides b').length") == 0
@@ -357,22 +189,39 @@ def test_judge_page_in_chromium(browser: Callable[[], DevTools], tmp_path: Path)
                 roles = cdp.js("[...document.querySelectorAll('#left .turn > .tag')].map(x => x.textContent)")
                 assert roles == ["assistant", "tool", "assistant"]
             vote(cdp, key, k + 1)
-        vote(cdp, "ArrowLeft", 6)  # pair 5 ...
+        assert cdp.js("document.getElementById('count').textContent") == "5 / 7"
+        # mid-session the results API names no model and says nothing of the outcomes
+        mid = cdp.js("fetch('/api/results').then(r => r.text())")
+        assert json.loads(mid) == {
+            "finished": False,
+            "progress": {"ann": 5},
+            "total": 7,
+            "identical_pairs": 1,
+        }
+        vote(cdp, "ArrowLeft", 6)  # pair 6 ...
         vote(cdp, "u", 5)  # ... undone
-        assert cdp.js("document.body.dataset.pair") == "5"
+        assert cdp.js("document.body.dataset.pair") == "6"
 
         server.send_signal(signal.SIGKILL)  # no goodbye: every acknowledged vote must already be stored
         server.wait(timeout=30)
         server = start_server(session, port, log)
         cdp.call("Page.reload")
-        cdp.wait("document.body.dataset.pair === '5' && document.body.dataset.done === '5'")
-        after = [("ArrowRight", "right"), ("ArrowLeft", "left"), ("s", "skip")]
+        cdp.wait("document.body.dataset.pair === '6' && document.body.dataset.done === '5'")
+        store = JudgeStore(session / "session.sqlite")
+        store.vote(0, "bob", "tie")  # a second judge has begun: the session is not over when ann is done
+        after = [("ArrowRight", "right"), ("ArrowLeft", "left")]
         for k, (key, _) in enumerate(after):
             vote(cdp, key, 6 + k)
-        cdp.wait("document.body.dataset.pair === 'none'")
-        cdp.wait("document.querySelectorAll('#results table').length === 2")
+        cdp.wait("document.body.dataset.pair === 'none' && document.body.dataset.results === 'waiting'")
+        waiting = cdp.js("document.getElementById('results').innerText")
+        assert "waiting for bob 1/7" in waiting and "runs/" not in waiting and "base" not in waiting
+        for pid in shown[1:]:  # bob finishes; the page, asking again every 5 s, shows the results
+            store.vote(pid, "bob", "tie")
+        cdp.wait("document.body.dataset.results === 'shown'", timeout=30)
+        assert cdp.js("document.querySelectorAll('#results table').length") == 2
         text = cdp.js("document.getElementById('results').innerText")
-        assert "runs/countdown_grpo/final" in text and "base" in text  # names revealed in results only
+        assert "runs/countdown_grpo/final" in text and "base" in text  # names revealed once finished
+        assert "recorded as ties without asking: 1." in text
         (ARTIFACTS / "judge_results.png").write_bytes(
             base64.b64decode(cdp.call("Page.captureScreenshot", format="png")["data"])
         )
@@ -387,10 +236,10 @@ def test_judge_page_in_chromium(browser: Callable[[], DevTools], tmp_path: Path)
         server.wait(timeout=30)
 
     choices = [c for _, c in presses] + [c for _, c in after]
-    want = [(i, expected_outcome(i, c)) for i, c in enumerate(choices)]
+    want = [(i, expected_outcome(i, c)) for i, c in zip(shown, choices, strict=True)]
     assert [(v.pair_id, v.outcome) for v in JudgeStore(session / "session.sqlite").votes("ann")] == want
     # only pair 0's vote was cast after pressing v (the page passes the judge with its verdict request)
     assert [v.verdict_seen for v in JudgeStore(session / "session.sqlite").votes("ann")] == [True] + [
         False
-    ] * 7
-    assert {v.judge for v in JudgeStore(session / "session.sqlite").votes()} == {"ann"}
+    ] * 6
+    assert {v.judge for v in JudgeStore(session / "session.sqlite").votes()} == {"ann", "bob"}

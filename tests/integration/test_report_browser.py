@@ -1,89 +1,36 @@
-"""keelrl report rendered by a real browser: a real tiny run's report opens in headless Chromium without
-console errors, draws its plots (the DOM Chromium built holds one <svg> per plot with drawn polylines),
-marks the run's resume on the step axis, and a screenshot is saved to test-artifacts/report.png.
+"""keelrl report in a real browser: a real tiny run's report (trained 2 steps, then resumed to 3) opened from
+its file in headless Chromium, driven over the DevTools protocol with real mouse events. The page requests
+nothing but itself (offline), logs nothing to the console, draws every plot; hovering a plot shows the
+logged value at that step, the smoothing slider smooths (and the hover then shows the raw value too), the
+log button switches the axis, a drag zooms; the resume is marked; rollouts render as transcripts (prompt,
+trained completion). With --compare, the config differences are a table and each run a line. Screenshot:
+test-artifacts/report.png.
 
 Needs Debian's `chromium` (apt-get install -y chromium); skipped without it."""
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
-import subprocess
-from html.parser import HTMLParser
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from cdp_browser import CHROMIUM, DevTools, open_browser
 
 from keelrl.config import load_config
-from keelrl.monitor.report import PLOTS, run_report
+from keelrl.monitor.report import run_report
 from keelrl.monitor.run_dir import read_jsonl
 from keelrl.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium)"
 )
-
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--hide-scrollbars",
-    "--enable-logging=stderr",
-    "--v=0",
-    "--host-resolver-rules=MAP * ~NOTFOUND",  # nothing outside the file can load
-)
-
-
-def chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess[str]:
-    assert CHROMIUM is not None
-    cmd = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
-
-
-def console_messages(stderr: str) -> list[str]:
-    """Everything the page wrote to the JS console (uncaught errors included), from Chromium's log."""
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
-
-
-class PlotCounter(HTMLParser):
-    """Counts <svg class="plot"> elements and, per plot, polylines with points and event markers."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.plots: list[dict[str, int | str]] = []
-        self.depth = 0
-        self.external: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        a = dict(attrs)
-        if a.get("src") or (a.get("href") and tag != "a"):
-            self.external.append(f"{tag} {a}")
-        if tag == "svg" and a.get("class") == "plot":
-            self.plots.append({"title": a.get("data-title") or "", "lines": 0, "dots": 0, "events": 0})
-            self.depth = 1
-        elif self.depth and tag == "svg":
-            self.depth += 1
-        if not self.depth or not self.plots:
-            return
-        plot = self.plots[-1]
-        if tag == "polyline" and len((a.get("points") or "").split()) >= 2:
-            plot["lines"] = int(plot["lines"]) + 1
-        if tag == "circle":
-            plot["dots"] = int(plot["dots"]) + 1
-        if tag == "line" and a.get("data-kind") == "resume":
-            plot["events"] = int(plot["events"]) + 1
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "svg" and self.depth:
-            self.depth -= 1
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +38,7 @@ def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real smoke run trained 2 steps, then resumed to 3 (so events.jsonl has a resume to mark)."""
     run = tmp_path_factory.mktemp("report") / "smoke"
     # one torch thread: several times faster on a shared 2-core machine; restored afterwards
-    overrides = ["train.threads=1", "log.progress=false", "log.tensorboard=false"]
+    overrides = ["train.threads=1", "log.progress=false", "log.tensorboard=false", "eval.every_steps=1"]
     threads = torch.get_num_threads()
     try:
         train(load_config(ROOT / "configs" / "smoke.toml", ["train.steps=2", *overrides]), run)
@@ -102,47 +49,131 @@ def resumed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-def test_console_check_catches_a_broken_page(tmp_path: Path) -> None:
-    """Control: the console check below is not vacuous."""
-    page = tmp_path / "bad.html"
-    page.write_text("<html><body><script>throw new Error('boom')</script></body></html>")
-    done = chromium(["--dump-dom", page.as_uri()], tmp_path / "profile")
-    assert any("boom" in m for m in console_messages(done.stderr))
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Callable[[], DevTools]]:
+    with open_browser(tmp_path, "1500,1100") as connect:
+        yield connect
 
 
-def test_report_renders_in_chromium(resumed_run: Path, tmp_path: Path) -> None:
-    report = run_report([resumed_run], tmp_path / "report.html")
-    done = chromium(["--dump-dom", report.as_uri()], tmp_path / "profile")
-    assert console_messages(done.stderr) == []
-    dom = PlotCounter()
-    dom.feed(done.stdout)
-    assert dom.external == []
-    assert len(dom.plots) == len(PLOTS)
-    metrics = list(read_jsonl(resumed_run / "metrics.jsonl"))
-    logged = {k for m in metrics for k in m}
-    for plot, (title, keys, _) in zip(dom.plots, PLOTS):
-        assert plot["title"] == title
-        if any(k in logged for k in keys):
-            assert int(plot["lines"]) + int(plot["dots"]) > 0, f"plot {title!r} has data but draws nothing"
-            assert plot["events"] == 1, f"plot {title!r} does not mark the resume"
-    assert sum(int(p["lines"]) > 0 for p in dom.plots) >= 10
-    assert "Sample rollouts" in done.stdout and "Findings" in done.stdout
+def open_page(cdp: DevTools, page: Path) -> None:
+    for domain in ("Runtime", "Page", "Log", "Network"):
+        cdp.call(f"{domain}.enable")
+    cdp.call("Page.navigate", url=page.as_uri())
+    cdp.wait("document.body.dataset.plots === 'ready'", timeout=90)
+
+
+def plot(title: str) -> str:
+    """JavaScript for the plot's div."""
+    return f"[...document.querySelectorAll('div.plot')].find(d => d.dataset.title === {json.dumps(title)})"
+
+
+def point(cdp: DevTools, title: str, trace: str, i: int) -> tuple[float, float]:
+    """Viewport pixels of point i of the plot's trace named `trace` (scrolled into view first)."""
+    cdp.js(f"{plot(title)}.scrollIntoView({{block: 'center'}})")
+    return tuple(
+        cdp.js(f"""(() => {{
+        const gd = {plot(title)}, L = gd._fullLayout, box = gd.getBoundingClientRect();
+        const t = gd.data.find(t => t.name === {json.dumps(trace)});
+        return [box.left + L._size.l + L.xaxis.l2p(t.x[{i}]), box.top + L._size.t + L.yaxis.l2p(t.y[{i}])];
+    }})()""")
+    )
+
+
+def hover_text(cdp: DevTools, title: str) -> str:
+    return cdp.wait(f"{plot(title)}.querySelector('.hoverlayer').textContent")
+
+
+def test_report_in_chromium(resumed_run: Path, tmp_path: Path, browser: Callable[[], DevTools]) -> None:
+    page = run_report([resumed_run], tmp_path / "report.html")
+    cdp = browser()
+    open_page(cdp, page)
+    requested = [
+        e["params"]["request"]["url"] for e in cdp.events if e.get("method") == "Network.requestWillBeSent"
+    ]
+    assert requested == [page.as_uri()]  # nothing fetched: the page works offline
+    assert cdp.problems() == []
+    plots = cdp.js("document.querySelectorAll('div.plot').length")
+    assert plots >= 15 and cdp.js("document.querySelectorAll('div.plot .main-svg').length") >= plots
+    # every plot with training data marks the resume (a dotted line with its details on hover)
+    unmarked = cdp.js("[...document.querySelectorAll('div.plot')].filter(d => d.data.some(t => t.meta === 'smooth')"
+                      " && !d.data.some(t => t.name === 'resume')).map(d => d.dataset.title)")  # fmt: skip
+    assert unmarked == []
+
+    # hover: the unified label shows the logged value at the hovered step
+    records = [r for r in read_jsonl(resumed_run / "metrics.jsonl") if "entropy" in r]
+    x, y = point(cdp, "Entropy", "entropy", 1)
+    cdp.hover(x, y)
+    text = hover_text(cdp, "Entropy")
+    assert f"entropy : {records[1]['entropy']:.5g}" in text and text.startswith(str(records[1]["step"]))
+
+    # smoothing: the slider smooths the training curves; the hover then also shows the raw value
+    cdp.js(
+        "(() => { const s = document.getElementById('smoothing'); s.value = '0.9'; s.dispatchEvent(new Event('input')); })()"
+    )
+    smoothed = cdp.js(f"{plot('Entropy')}.data.find(t => t.name === 'entropy').y")
+    assert smoothed[0] == pytest.approx(records[0]["entropy"]) and smoothed[1] != pytest.approx(
+        records[1]["entropy"]
+    )
+    cdp.hover(1, 1)
+    cdp.hover(*point(cdp, "Entropy", "entropy", 1))
+    assert f"(raw {records[1]['entropy']:.5g})" in hover_text(cdp, "Entropy")
+
+    # the log button switches the y axis; a drag zooms the x axis
+    cdp.js(f"{plot('Entropy')}.scrollIntoView({{block: 'center'}})")
+    button = f"[...{plot('Entropy')}.querySelectorAll('.updatemenu-button')]"
+    assert cdp.js(f"{button}.map(b => b.textContent)") == ["linear", "log y"]
+    box = json.loads(cdp.js(f"JSON.stringify({button}[1].getBoundingClientRect())"))
+    cdp.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    cdp.wait(f"{plot('Entropy')}._fullLayout.yaxis.type === 'log'")
+    (x0, y0), (x1, _) = point(cdp, "Reward", "reward/mean", 0), point(cdp, "Reward", "reward/mean", 2)
+    cdp.drag((x0 + 0.3 * (x1 - x0), y0), (x0 + 0.7 * (x1 - x0), y0 + 5))
+    lo, hi = cdp.wait(f"{plot('Reward')}._fullLayout.xaxis.range")
+    assert 1.2 < lo < hi < 2.8  # zoomed in between steps 1 and 3
+
+    # rollouts as transcripts: the prompt as context, the completion as trained text, no dict reprs
+    assert cdp.js("document.querySelectorAll('.rollout').length") >= 3
+    first = cdp.js("document.querySelector('.rollout').innerText")
+    assert (
+        "prompt · context, not trained" in first and "completion · trained" in first and "status ok" in first
+    )
+    assert cdp.js("document.querySelector('.rollout .turn.context pre').textContent").strip()
+    assert "{'numbers'" not in cdp.js("document.body.innerText")
+    assert cdp.problems() == []
 
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "report.png"
-    shot.unlink(missing_ok=True)
-    chromium(["--window-size=1500,2400", f"--screenshot={shot}", report.as_uri()], tmp_path / "profile2")
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    cdp.js("window.scrollTo(0, 0)")
+    shot = base64.b64decode(cdp.call("Page.captureScreenshot", format="png")["data"])
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000
+    (ARTIFACTS / "report.png").write_bytes(shot)
 
 
-def test_compare_report_renders_in_chromium(resumed_run: Path, tmp_path: Path) -> None:
-    other = tmp_path / "smoke_copy"
+def test_compare_report_in_chromium(
+    resumed_run: Path, tmp_path: Path, browser: Callable[[], DevTools]
+) -> None:
+    other = tmp_path / "smoke_lr"
     shutil.copytree(resumed_run, other, ignore=shutil.ignore_patterns("checkpoints", "final", "tb"))
-    report = run_report([resumed_run, other], tmp_path / "compare.html")
-    done = chromium(["--dump-dom", report.as_uri()], tmp_path / "profile")
-    assert console_messages(done.stderr) == []
-    dom = PlotCounter()
-    dom.feed(done.stdout)
-    reward = next(p for p in dom.plots if p["title"] == "Reward")
-    assert reward["lines"] == 2  # one line per run
+    config = json.loads((other / "config.json").read_text())
+    config["algo"]["lr"] = 0.01
+    (other / "config.json").write_text(json.dumps(config))
+    page = run_report([resumed_run, other], tmp_path / "compare.html")
+    cdp = browser()
+    open_page(cdp, page)
+    assert cdp.problems() == []
+    rows = cdp.js("[...document.querySelectorAll('#config-table tr')].map(r => r.innerText.split('\\t'))")
+    assert rows == [["setting", "smoke", "smoke_lr"], ["algo.lr", "0.001", "0.01"]]
+    lines = cdp.js(f"{plot('Reward')}.data.filter(t => t.name.endsWith(': reward/mean')).map(t => t.name)")
+    assert lines == ["smoke: reward/mean", "smoke_lr: reward/mean"]
+
+
+def test_ladder_page_in_chromium(tmp_path: Path, browser: Callable[[], DevTools]) -> None:
+    """The ladder page draws with the same helper: the measured ladders of docs/ladder.json, log-x axes."""
+    from keelrl.ladder.page import write_page
+
+    results = json.loads((ROOT / "docs" / "ladder.json").read_text())
+    cdp = browser()
+    for kind in ("rl", "pretrain"):
+        open_page(cdp, write_page(results[kind], tmp_path / f"{kind}.html"))
+        first = "document.querySelector('div.plot')"
+        assert cdp.js(f"{first}._fullLayout.xaxis.type") == "log"
+        assert cdp.js(f"{first}.data.filter(t => t.fill === 'toself').length") == 1  # the prediction's band
+    assert cdp.problems() == []

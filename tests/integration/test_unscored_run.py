@@ -51,7 +51,9 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_a_checker_that_always_raises_stops_the_run_before_any_update(format_run, broken_task, tmp_path) -> None:
+def test_a_checker_that_always_raises_stops_the_run_before_any_update(
+    format_run, broken_task, tmp_path
+) -> None:
     run = tmp_path / "run"
     with pytest.raises(GuardStop):
         train(_cfg(format_run, broken_task, True, "train.steps=4"), run)

@@ -19,9 +19,9 @@ def test_shipped_presets_load() -> None:
 def test_overrides_are_typed() -> None:
     cfg = load_config(
         "configs/smoke.toml",
-        ["algo.lr=3e-4", "log.wandb=true", "model.path=some/dir", "task.params.max_number=9"],
+        ["algo.lr=3e-4", "log.tensorboard=false", "model.path=some/dir", "task.params.max_number=9"],
     )
-    assert cfg.algo.lr == 3e-4 and cfg.log.wandb is True and cfg.model.path == "some/dir"
+    assert cfg.algo.lr == 3e-4 and cfg.log.tensorboard is False and cfg.model.path == "some/dir"
     assert cfg.task.params["max_number"] == 9
     assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
     with pytest.raises(ConfigError, match="KEY=VALUE"):

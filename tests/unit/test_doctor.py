@@ -1,21 +1,17 @@
-"""keelrl doctor (and the report built on it) on synthetic run directories: exit codes, the --json shape,
-partial directories (a metrics.jsonl alone), running and failed runs, trace analysis, HTML escaping."""
+"""keelrl doctor on synthetic run directories: exit codes, the --json shape, partial directories (a
+metrics.jsonl alone), running and failed runs, trace analysis (the report built on it: test_report.py)."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
-import re
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from keelrl.monitor.doctor import diagnose, load_run, run_doctor
-from keelrl.monitor.report import PLOTS, render_report, run_report
 from keelrl.monitor.run_dir import RunDir
 from keelrl.monitor.traces import analyze_traces, is_gibberish, text_repetition
 
@@ -344,69 +340,6 @@ def test_gibberish_traces_and_quoted_samples_on_metric_findings(
     noisy = make_run(tmp_path / "noisy", metrics_stream(30), rollouts=rs[:60])
     code, data = doctor_json(noisy, capsys)
     assert [f["name"] for f in data["findings"]] == ["gibberish"] and code == 1
-
-
-# ------------------------------------------------------------------------------------------ report
-
-
-def test_report_is_self_contained_escaped_and_draws_every_plot(tmp_path: Path) -> None:
-    evil = "<script>alert('x')</script> & <b>bold</b>"
-    rs = [rollout(s, evil if s == 1 else "fine <answer>1</answer>", 0.5) for s in range(1, 11)]
-    m = metrics_stream(40)
-    m[12]["grad_norm"] = float("nan")
-    run = make_run(
-        tmp_path / "run", m, events=[("restart", 12), ("rollback", 20), ("checkpoint", 10)], rollouts=rs
-    )
-    path = run_report([run])
-    assert path == run / "report.html"
-    page = path.read_text()
-    assert "<script" not in page.lower() and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
-    assert not re.search(r"(?:src|href)\s*=", page)
-    assert set(re.findall(r"https?://[^\s\"'<>]+", page)) == {"http://www.w3.org/2000/svg"}
-    svgs = re.findall(r'<svg class="plot".*?</svg>', page, flags=re.S)
-    assert len(svgs) == len(PLOTS)
-    for svg in svgs:
-        ET.fromstring(svg)  # each plot is well-formed XML
-    # events are marked on every plot that has data (all but clip fractions, which this stream lacks)
-    assert page.count('data-kind="restart"') == page.count('data-kind="rollback"') == len(PLOTS) - 1
-    assert 'data-kind="checkpoint"' not in page
-    assert 'class="nonfinite"' in page  # the NaN grad norm is marked, not silently dropped
-    drawn = [int(x) for x in re.findall(r'data-series="(\d+)"', page)]
-    assert (
-        sum(1 for x in drawn if x > 0) == len(PLOTS) - 1
-    )  # every metric plot but clip fractions (not logged)
-
-
-def test_report_compare_overlays_runs(tmp_path: Path) -> None:
-    a = make_run(tmp_path / "lr_small", metrics_stream(30))
-    b = make_run(tmp_path / "lr_big", metrics_stream(30, entropy=0.05))
-    page = (run_report([a, b], tmp_path / "out" / "cmp.html")).read_text()
-    assert "lr_small: reward/mean" in page and "lr_big: reward/mean" in page
-    assert "Findings: lr_small" in page and "Findings: lr_big" in page and "entropy_collapse" in page
-    reward_svg = re.search(r'<svg class="plot"[^>]*data-title="Reward".*?</svg>', page, flags=re.S)
-    assert reward_svg and reward_svg.group(0).count("<polyline") == 2
-
-
-def test_report_of_an_empty_metrics_file_still_renders(tmp_path: Path) -> None:
-    run = make_run(tmp_path / "run", [], status={"state": "running", "step": 0})
-    page = render_report([run])
-    assert page.count("not logged") == len(PLOTS)
-    assert math.isfinite(len(page))
-
-
-def test_report_plots_the_learned_reward_beside_held_out_accuracy(tmp_path: Path) -> None:
-    """reward.model runs: one plot holds reward/model, reward/verifier and eval/accuracy (what reward_hacking
-    compares); runs without a learned reward do not get it."""
-    m = metrics_stream(30)
-    for rec in m:
-        if "reward/mean" in rec:
-            rec["reward/model"], rec["reward/verifier"] = 0.1 * rec["step"], 0.5
-    page = run_report([make_run(tmp_path / "learned", m)]).read_text()
-    svg = re.search(r'<svg class="plot"[^>]*data-title="Learned reward[^"]*".*?</svg>', page, flags=re.S)
-    assert svg is not None
-    assert all(k in svg.group(0) for k in ("reward/model", "reward/verifier", "eval/accuracy"))
-    plain = run_report([make_run(tmp_path / "plain", metrics_stream(30))]).read_text()
-    assert "Learned reward" not in plain
 
 
 def test_a_rule_raised_live_but_cut_from_the_history_by_a_rollback_is_still_reported(tmp_path: Path) -> None:

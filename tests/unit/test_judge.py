@@ -102,6 +102,8 @@ def test_session_resumes_and_refuses_other_models_or_settings(session: Path, mod
 def test_api_votes_by_side_never_names_models_and_resumes_after_restart(session: Path, models: list[str]):
     store = JudgeStore(session / "session.sqlite")
     pairs = {p.id: p for p in store.pairs()}
+    todo = [i for i, p in pairs.items() if not p.identical]  # A and its copy C write the same: never shown
+    assert len(todo) == len(pairs) - PROBLEMS
     judge_name = "api-test"
     with JudgeServer(session) as server:
         with urllib.request.urlopen(server.url, timeout=30) as res:
@@ -109,13 +111,14 @@ def test_api_votes_by_side_never_names_models_and_resumes_after_restart(session:
         assert res.status == 200 and "keelrl judge" in html
         assert "http://" not in html and "https://" not in html  # nothing fetched from elsewhere
         status, state, text = http(f"{server.url}api/state?judge={judge_name}")
-        assert status == 200 and state["done"] == 0 and state["total"] == len(pairs)
+        assert status == 200 and state["done"] == 0 and state["total"] == len(todo)
         assert set(state["pair"]) == {"id", "problem", "prompt", "left", "right"}
         for leak in [*models, "model", "correct", "a_on_left", '"A"', '"B"']:
             assert leak not in text
         choices = ["left", "right", "tie", "skip", "left"]
-        for choice in choices:
+        for k, choice in enumerate(choices):
             shown = state["pair"]
+            assert shown["id"] == todo[k]
             p = pairs[shown["id"]]
             assert (shown["left"], shown["right"]) == (
                 (p.text_a, p.text_b) if p.a_on_left else (p.text_b, p.text_a)
@@ -130,25 +133,28 @@ def test_api_votes_by_side_never_names_models_and_resumes_after_restart(session:
             assert (vote.pair_id, vote.outcome) == (p.id, want)
         assert state["done"] == 5
         status, state, _ = http(f"{server.url}api/undo", {"judge": judge_name})
-        assert status == 200 and state["done"] == 4 and state["undone"] == state["pair"]["id"] == 4
-        status, verdict, _ = http(f"{server.url}api/verdict?pair=4&judge={judge_name}")
-        p4 = pairs[4]
+        assert status == 200 and state["done"] == 4 and state["undone"] == state["pair"]["id"] == todo[4]
+        status, verdict, _ = http(f"{server.url}api/verdict?pair={todo[4]}&judge={judge_name}")
+        p4 = pairs[todo[4]]
         assert verdict == {
-            "id": 4,
+            "id": todo[4],
             "left": p4.correct_a if p4.a_on_left else p4.correct_b,
             "right": p4.correct_b if p4.a_on_left else p4.correct_a,
         }
         # the vote that follows is stored as cast with the verdict seen; the earlier ones without
-        assert http(f"{server.url}api/vote", {"judge": judge_name, "pair_id": 4, "choice": "tie"})[0] == 200
+        assert (
+            http(f"{server.url}api/vote", {"judge": judge_name, "pair_id": todo[4], "choice": "tie"})[0]
+            == 200
+        )
         assert [v.verdict_seen for v in store.votes(judge_name)] == [False] * 4 + [True]
         assert http(f"{server.url}api/undo", {"judge": judge_name})[0] == 200
     # a new server on the same session: the judge resumes at their first pair without a vote
     with JudgeServer(session) as again:
         status, state, _ = http(f"{again.url}api/state?judge={judge_name}")
-        assert status == 200 and state["done"] == 4 and state["pair"]["id"] == 4
+        assert status == 200 and state["done"] == 4 and state["pair"]["id"] == todo[4]
         assert [v.outcome for v in store.votes(judge_name)] == [
-            "a" if pairs[0].a_on_left else "b",
-            "b" if pairs[1].a_on_left else "a",
+            "a" if pairs[todo[0]].a_on_left else "b",
+            "b" if pairs[todo[1]].a_on_left else "a",
             "tie",
             "skip",
         ]
@@ -156,7 +162,7 @@ def test_api_votes_by_side_never_names_models_and_resumes_after_restart(session:
         http(f"{again.url}api/undo", {"judge": judge_name})
         http(f"{again.url}api/undo", {"judge": judge_name})
         status, state, _ = http(f"{again.url}api/undo", {"judge": judge_name})
-        assert state["done"] == 0 and state["undone"] == 0
+        assert state["done"] == 0 and state["undone"] == todo[0]
         status, state, _ = http(f"{again.url}api/undo", {"judge": judge_name})
         assert status == 200 and state["undone"] is None
 
@@ -334,3 +340,57 @@ def test_an_environment_session_stores_role_tagged_turns(tmp_path: Path, char_to
         assert "Tools:" in p.prompt and "calc(" in p.prompt  # the environment's opening, decoded
         for text in (p.text_a, p.text_b):
             assert text.startswith("<|im_start|>assistant\n") and text.endswith("<|im_end|>")
+
+
+def test_identical_pairs_are_ties_nobody_is_asked_about_and_never_exported(tmp_path: Path):
+    """Two more pairs whose sides say the same (one up to whitespace): never served, each one tie in the win
+    rates, refused as a vote, and left out of the export even when an old session holds a vote on one."""
+    session = fixed_session(tmp_path)
+    store = JudgeStore(session / "session.sqlite")
+    store.add_pairs([
+        Pair(6, 6, {"a": 6}, "6*2", "A", "B", "<answer>12</answer>", "<answer>12</answer>", True, True, True),
+        Pair(7, 7, {"a": 7}, "7*2", "B", "C", "<answer>14</answer>\n", " <answer>14</answer>", True, True, False),
+    ])  # fmt: skip
+    store.vote(6, "ann", "a", now=40.0)  # cast before identical pairs were skipped
+    assert [p.identical for p in store.pairs()] == [False] * 6 + [True, True]
+    assert store.next_pair("cy") == 0 and store.next_pair("ann") is None  # ann has judged every other pair
+    res = results(session, resamples=20)
+    assert res["identical_pairs"] == 2 and res["finished"] is True
+    ab = next(p for p in res["pairwise"] if (p["a"], p["b"]) == ("A", "B"))
+    # the hand count above (A wins 3, ties 2, loses 3) plus pair 6 as one tie; ann's vote on it left out
+    assert (ab["wins"], ab["ties"], ab["losses"], ab["n"]) == (3, 3, 3, 9) and ab["rate"] == pytest.approx(
+        0.5
+    )
+    bc = next(p for p in res["pairwise"] if (p["a"], p["b"]) == ("B", "C"))
+    assert (bc["wins"], bc["ties"], bc["n"]) == (2, 2, 4)
+    assert "recorded as ties without asking: 2" in render_results(res)
+    n = export_preferences(session, tmp_path / "prefs.jsonl")
+    lines = [json.loads(x) for x in (tmp_path / "prefs.jsonl").read_text().splitlines()]
+    assert n == len(lines) == 8 and all(x["chosen"].split() != x["rejected"].split() for x in lines)
+    with JudgeServer(session) as server:
+        status, state, _ = http(f"{server.url}api/state?judge=cy")
+        assert state["total"] == 6 and state["pair"]["id"] == 0
+        status, data, _ = http(f"{server.url}api/vote", {"judge": "cy", "pair_id": 6, "choice": "left"})
+        assert status == 400 and "identical texts" in data["error"]
+    assert not any(v.judge == "cy" for v in store.votes())
+
+
+def test_results_name_no_model_until_every_judge_has_finished(tmp_path: Path):
+    """/api/results while bob is midway: progress only, no model name, label or outcome; the same call once he
+    has finished: the full results."""
+    session = fixed_session(tmp_path)
+    store = JudgeStore(session / "session.sqlite")
+    assert [store.undo("bob") for _ in range(3)] == [5, 4, 3]  # bob has judged pairs 0-2 only
+    with JudgeServer(session) as server:
+        status, data, text = http(f"{server.url}api/results")
+        assert status == 200
+        assert data == {"finished": False, "progress": {"ann": 6, "bob": 3}, "total": 6, "identical_pairs": 0}
+        for leak in ("runs/", "base", '"A"', "ranking", "pairwise"):
+            assert leak not in text
+        for pid, outcome in ((3, "tie"), (4, "left"), (5, "tie")):
+            assert (
+                http(f"{server.url}api/vote", {"judge": "bob", "pair_id": pid, "choice": outcome})[0] == 200
+            )
+        status, data, text = http(f"{server.url}api/results")
+        assert status == 200 and data["finished"] is True and "runs/x/final" in text
+        assert [r["name"] for r in data["ranking"]][2] == "base"

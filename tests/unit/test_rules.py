@@ -310,6 +310,16 @@ def test_truncation_surge_levels() -> None:
     assert only(check(high_from_start), "truncation_surge").severity == "info"
 
 
+def test_a_surge_of_completions_cut_after_their_answer_is_a_warning_that_says_so() -> None:
+    """As in configs/selfplay_countdown.toml's run: every completion cut, each after a complete, paid answer."""
+    cut = set_from(healthy(60), 41, response_length__truncated_frac=1.0)
+    paid = only(check(set_from(cut, 41, response_length__truncated_formatted_frac=0.97)), "truncation_surge")
+    assert paid.severity == "warning" and "97% of them hold a well-formed answer" in paid.message
+    assert "earn no reward" not in paid.message and "ending its turn" in paid.message
+    lost = only(check(set_from(cut, 41, response_length__truncated_formatted_frac=0.1)), "truncation_surge")
+    assert lost.severity == "critical" and "cut answers earn no reward" in lost.message
+
+
 def test_repetition_levels() -> None:
     assert severity(set_from(healthy(40), 31, repetition__frac=0.7), "repetition") == "critical"
     assert severity(set_from(healthy(40), 31, repetition__frac=0.3), "repetition") == "warning"

@@ -85,5 +85,5 @@ def test_ray_pool_without_ray(setting: str, tmp_path: Path, capsys, monkeypatch)
     run = tmp_path / "r"
     argv = ["train", "configs/smoke.toml", "--no-supervisor", "--set", f'distributed.{setting}="ray"']
     code, err = _run([*argv, "--run-dir", str(run)], capsys)
-    assert code == 2 and "pip install 'keelrl[ray]'" in err and f'distributed.{setting} = "local"' in err
+    assert code == 2 and "pip install 'keelrl[ray]'" in err and f"change distributed.{setting}" in err
     assert "Traceback" not in err and not run.exists()  # stopped before any work

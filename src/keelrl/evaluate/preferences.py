@@ -18,6 +18,7 @@ The math behind comparing checkpoints by people's (or a judge's) blind votes, pu
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
@@ -124,11 +125,10 @@ def judge_agreement(votes: Sequence[tuple[str, float, str]]) -> dict[str, float]
         by_item.setdefault(item, []).append((judge, outcome))
     agree = total = 0
     for rows in by_item.values():
-        for i in range(len(rows)):
-            for j in range(i + 1, len(rows)):
-                if rows[i][0] != rows[j][0]:
-                    total += 1
-                    agree += rows[i][1] == rows[j][1]
+        for (judge_a, a), (judge_b, b) in itertools.combinations(rows, 2):
+            if judge_a != judge_b:
+                total += 1
+                agree += a == b
     return {"agreement": agree / total if total else float("nan"), "judge_pairs": float(total)}
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from keelrl.config import ConfigError
-from keelrl.evaluate.run import ProblemResult, run_eval, score_errors
+from keelrl.evaluate.run import ProblemResult, problem_count, run_eval, score_errors
 from keelrl.evaluate.stats import BOOTSTRAP_RESAMPLES, default_ks, metric_intervals, problem_metrics
 from keelrl.seeds import stable_hash
 
@@ -168,6 +168,7 @@ def evaluate(
             f"{samples} samples per problem at temperature 0 would all be the greedy completion; "
             "give a temperature > 0 (e.g. --temperature 1.0), or use --samples 1 for greedy only"
         )
+    num_problems = problem_count(task, split, num_problems)
     ks = sorted({int(k) for k in ks}) if ks else default_ks(samples)
     if samples > 0:
         bad = [k for k in ks if not 1 <= k <= samples]

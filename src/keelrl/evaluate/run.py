@@ -134,6 +134,7 @@ def run_eval(
     `on_progress(k)` is called after each batch of k completions. `limits`: an environment's budgets."""
     from keelrl.rollout.episodes import Prompter, run_episodes
 
+    num_problems = problem_count(task, split, num_problems)
     results = [
         ProblemResult(i, p, task.difficulty(p))
         for i, p in ((i, task.problem(split, i)) for i in range(num_problems))
@@ -154,6 +155,12 @@ def run_eval(
         if behave is not None:
             result.behaviour.append(dict(behave(result.problem, r.prefix + r.text)))
     return results
+
+
+def problem_count(task: Task, split: str, wanted: int) -> int:
+    """`wanted`, or the split's size when the task says it has fewer problems (a data set's held-out rows)."""
+    size = getattr(task, "size", None)
+    return wanted if size is None else min(wanted, size(split))
 
 
 def eval_episodes(problems: Sequence[dict[str, Any]], samples: int, seed: int) -> list[Episode]:

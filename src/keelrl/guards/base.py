@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,21 +41,13 @@ class Finding:
     ongoing: bool = False
 
     def to_json(self) -> dict[str, Any]:
+        """As JSON data: lists for the tuples, a non-finite evidence number as a string ("inf")."""
         return {
-            "name": self.name,
-            "severity": self.severity,
+            **asdict(self),
             "steps": list(self.steps),
-            "evidence": {k: _json_number(v) for k, v in self.evidence.items()},
-            "message": self.message,
-            "suggestion": self.suggestion,
-            "action": self.action,
+            "evidence": {k: v if math.isfinite(v) else str(v) for k, v in self.evidence.items()},
             "samples": list(self.samples),
-            "ongoing": self.ongoing,
         }
-
-
-def _json_number(v: float) -> float | str:
-    return v if math.isfinite(v) else str(v)
 
 
 def metric_value(record: Record, key: str) -> float | None:

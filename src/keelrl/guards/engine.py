@@ -12,7 +12,7 @@ is a JSON dict in TrainState.guards, so it survives restarts and rollbacks.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, overload
 
@@ -63,10 +63,6 @@ class _Prefix(Sequence[Record]):
         if not 0 <= i < self._end:
             raise IndexError(i)
         return self._records[i]
-
-    def __iter__(self) -> Iterator[Record]:
-        for i in range(self._end):
-            yield self._records[i]
 
 
 @dataclass

@@ -211,7 +211,7 @@ def headline(run: RunData, now: float | None = None) -> dict[str, Any]:
     tps = [
         v for r in train if (v := metric_value(r, "throughput/tokens_per_s")) is not None and math.isfinite(v)
     ]
-    out: dict[str, Any] = {
+    return {
         "state": shown_state(run, time.time() if now is None else now),
         "steps": int(train[-1]["step"]) if train and "step" in train[-1] else 0,
         "reward_start": _avg(train, "reward/mean", True),
@@ -234,22 +234,16 @@ def headline(run: RunData, now: float | None = None) -> dict[str, Any]:
         "checkpoints": kinds.get("checkpoint", 0),
         "checkpoint_failures": kinds.get("checkpoint_failed", 0),
     }
-    return out
 
 
 def _status_findings(run: RunData, cfg: GuardsConfig, now: float) -> list[Finding]:
     out: list[Finding] = []
-    state = run.status.get("state")
+    state, pid = run.status.get("state"), run.status.get("pid")
     if cfg.stalled.enabled:
-        f = stalled(
-            run.metrics, cfg.stalled, now=now, last_write=run.last_write, state=state if state else None
-        )
-        if f is not None and run.status:
-            pid = run.status.get("pid")
-            if isinstance(pid, int) and pid > 0:
-                alive = pid_alive(pid)
-                if alive is not None:
-                    f = replace(f, evidence={**f.evidence, "pid": float(pid), "pid_alive": float(alive)})
+        f = stalled(run.metrics, cfg.stalled, now=now, last_write=run.last_write, state=state or None)
+        alive = pid_alive(pid) if f is not None and isinstance(pid, int) and pid > 0 else None
+        if alive is not None:
+            f = replace(f, evidence={**f.evidence, "pid": float(pid), "pid_alive": float(alive)})
         if f is not None:
             out.append(replace(f, ongoing=True))
     if state == "failed":
@@ -342,18 +336,9 @@ def format_text(d: Diagnosis) -> str:
             f"(best {_fmt(h['eval_accuracy_best'])} at step {h['eval_best_step']}, {h['evals']} evals)"
         )
     lines.append("  " + " | ".join(head))
-    ev = [
-        f"{h[k]} {label}"
-        for k, label in (
-            ("restarts", "restarts"),
-            ("resumes", "resumes"),
-            ("rollbacks", "rollbacks"),
-            ("skipped_steps", "skipped steps"),
-            ("faults", "faults"),
-            ("checkpoints", "checkpoints"),
-            ("checkpoint_failures", "failed checkpoints"),
-        )
-    ]
+    counted = ("restarts", "resumes", "rollbacks", "skipped_steps", "faults", "checkpoints")
+    ev = [f"{h[k]} {k.replace('_', ' ')}" for k in counted]
+    ev.append(f"{h['checkpoint_failures']} failed checkpoints")
     extra = []
     if h["tokens_per_s"] is not None:
         extra.append(f"{h['tokens_per_s']:.4g} tokens/s (median)")
@@ -372,21 +357,15 @@ def format_text(d: Diagnosis) -> str:
             f"{d.verdict.upper()}: {counts['critical']} critical, {counts['warning']} warning, {counts['info']} info"
         )
     for f in d.findings:
-        lines.append("")
         span = f"step {f.steps[0]}" if f.steps[0] == f.steps[1] else f"steps {f.steps[0]}-{f.steps[1]}"
         state = ", ongoing" if f.ongoing else ""
         act = f", live action: {f.action}" if f.action != "warn" else ""
-        lines.append(f"[{f.severity.upper()}] {f.name}  {span}{state}{act}")
-        lines.append(f"  {f.message}")
-        lines.append(f"  evidence: {_fmt_evidence(f.evidence)}")
-        lines.append(f"  suggestion: {f.suggestion}")
-        for s in f.samples:
-            lines.append(f"  > {s}")
-    lines.extend(format_traces(d.traces))
-    for note in d.notes:
-        lines.append(f"note: {note}")
-    lines.append("")
-    lines.append(f"exit status {d.exit_code} ({d.verdict})")
+        lines += ["", f"[{f.severity.upper()}] {f.name}  {span}{state}{act}", f"  {f.message}"]
+        lines += [f"  evidence: {_fmt_evidence(f.evidence)}", f"  suggestion: {f.suggestion}"]
+        lines += [f"  > {s}" for s in f.samples]
+    lines += format_traces(d.traces)
+    lines += [f"note: {note}" for note in d.notes]
+    lines += ["", f"exit status {d.exit_code} ({d.verdict})"]
     return "\n".join(lines)
 
 

@@ -7,7 +7,8 @@ with the same sampling settings and seeds (greedy by default), through the episo
 scored). The task scores each completion; the verdicts are stored but shown only on request. Every two
 models meet on every problem; which one is on the left is balanced per model pair (`balanced_sides`) and
 the pair order is shuffled with the seed. Models are labelled A, B, C... in the store; their real names live
-in the session's meta and appear only in results. `serve` (judge_server.py) puts the page in front of
+in the session's meta and appear only in results, which the page shows once the session is finished. Pairs
+whose two completions are the same text are never shown: each counts once as a tie, and none is exported. `serve` (judge_server.py) puts the page in front of
 people; `results` and `export_preferences` read the votes back. Everything lives in `SESSION/session.sqlite`
 (judge_store.py), so a session resumes after any stop.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from keelrl.config import ConfigError
-from keelrl.monitor.judge_store import JudgeStore, Pair, balanced_sides, comparisons
+from keelrl.monitor.judge_store import JudgeStore, Pair, balanced_sides, comparisons, finished, identical_ties
 
 SESSION_FILE = "session.sqlite"
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -193,7 +194,7 @@ def create_session(
     if store.pairs():
         _check_resume(store, labelled, settings)
         return store
-    the_task = get_task(task, seed=task_seed, **params)
+    the_task = get_task(task, task_seed, run_cfg.get("sandbox"), **params)
     texts: dict[str, list[str]] = {}
     verdicts: dict[str, list[bool]] = {}
     prompts: list[str] = []
@@ -229,7 +230,8 @@ def _finite(x: float) -> float | None:
 def results(session_dir: str | Path, resamples: int = 500, seed: int = 0) -> dict[str, Any]:
     """Everything the votes say: per model pair the win rate of the first with a Wilson interval, a
     Bradley-Terry ranking with bootstrap intervals, agreement between judges and with the verifier, and the
-    verifier's own accuracy per model. Models appear under their labels with their real names beside."""
+    verifier's own accuracy per model. Models appear under their labels with their real names beside. A pair
+    with identical texts counts once as a tie in the win rates and the ranking (`identical_pairs` of them)."""
     from keelrl.evaluate.preferences import bt_intervals, judge_agreement, pair_win_rates, verifier_agreement
 
     store = open_session(session_dir)
@@ -238,8 +240,9 @@ def results(session_dir: str | Path, resamples: int = 500, seed: int = 0) -> dic
     labels = sorted(names)
     comps = comparisons(pairs, votes)
     by_id = {p.id: p for p in pairs}
-    rates = pair_win_rates([(a, b, o) for a, b, o, _, _ in comps])
-    bt = bt_intervals([(a, b, o) for a, b, o, _, _ in comps], labels, resamples=resamples, seed=seed)
+    rated = [(a, b, o) for a, b, o, _, _ in comps] + identical_ties(pairs)
+    rates = pair_win_rates(rated)
+    bt = bt_intervals(rated, labels, resamples=resamples, seed=seed)
     verifier = {
         label: sum(bool(p.correct_a) for p in pairs if p.model_a == label)
         + sum(bool(p.correct_b) for p in pairs if p.model_b == label)
@@ -257,6 +260,8 @@ def results(session_dir: str | Path, resamples: int = 500, seed: int = 0) -> dic
         "models": names,
         "settings": meta.get("settings", {}),
         "pairs_total": len(pairs),
+        "identical_pairs": sum(p.identical for p in pairs),
+        "finished": finished(pairs, votes),
         "votes": len(votes),
         "judges": sorted({v.judge for v in votes}),
         "outcomes": {o: sum(v.outcome == o for v in votes) for o in ("a", "b", "tie", "skip")},
@@ -279,6 +284,7 @@ def render_results(res: dict[str, Any]) -> str:
     names = res["models"]
     out = [f"judge session {res['session']}: {res['votes']} votes by {len(res['judges'])} judge(s) over "]
     out[0] += f"{res['pairs_total']} pairs; " + ", ".join(f"{k} {v}" for k, v in res["outcomes"].items())
+    out.append(f"  pairs with identical texts, recorded as ties without asking: {res['identical_pairs']}")
     out += [f"  {m} = {name}" for m, name in names.items()]
     out.append("ranking (Bradley-Terry log-strength, 95% bootstrap interval):")
     for r in res["ranking"]:
@@ -309,16 +315,16 @@ def render_results(res: dict[str, Any]) -> str:
 
 
 def export_preferences(session_dir: str | Path, out_jsonl: str | Path) -> int:
-    """Write one JSON line per vote that preferred one side (prompt, chosen, rejected, metadata); ties and
-    skips are left out. Returns the number of lines written."""
+    """Write one JSON line per vote that preferred one side (prompt, chosen, rejected, metadata); ties, skips
+    and pairs with identical texts (chosen would equal rejected) are left out. Returns the lines written."""
     store = open_session(session_dir)
     meta, by_id = store.meta(), {p.id: p for p in store.pairs()}
     names = meta["models"]
     lines = []
     for v in store.votes():
-        if v.outcome not in ("a", "b"):
-            continue
         p = by_id[v.pair_id]
+        if v.outcome not in ("a", "b") or p.identical:
+            continue
         win, lose = ("a", "b") if v.outcome == "a" else ("b", "a")
         model = {"a": p.model_a, "b": p.model_b}
         text = {"a": p.text_a, "b": p.text_b}
@@ -406,7 +412,7 @@ def add_judge_options(p: argparse.ArgumentParser) -> None:
         help="task parameter, e.g. max_numbers=3",
     )
     p.add_argument(
-        "--template", choices=["auto", "base", "chat", "compact"], default=None, help="prompt rendering"
+        "--template", choices=["auto", "base", "chat", "compact", "qwen_instruct"], help="prompt rendering"
     )
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument(

@@ -6,7 +6,10 @@ contains markup shows as markup. `<think>` and `<answer>` blocks are drawn as di
 turns (`<|im_start|>role ... <|im_end|>`, as judge.py writes a multi-turn episode) as a transcript. Keyboard
 first: ArrowLeft / ArrowRight (that side is better), ArrowDown or t (tie), s (skip), u or Backspace (undo),
 v (show the verifier's verdict). Keys pressed while a request is in flight are ignored, so one press is at
-most one vote. `document.body.dataset` exposes the page's state (pair, done, busy) for tests.
+most one vote. Pairs with identical texts never reach the page (each is a tie without asking, counted at the
+end). The model names and results appear only once the session is finished (every judge done); until then
+the page says whom it waits for and asks again every few seconds. `document.body.dataset` exposes the page's
+state (pair, done, busy, results: waiting or shown) for tests.
 """
 
 from __future__ import annotations
@@ -149,6 +152,8 @@ function show(s) {
   document.body.dataset.pair = current ? String(current.id) : "none";
   for (const side of ["left", "right"]) { $("v-" + side).textContent = ""; $("v-" + side).className = "verdict"; }
   if (!current) { $("judge").classList.add("hidden"); showResults(); return; }
+  clearTimeout(waiting);
+  document.body.dataset.results = "";
   $("results").classList.add("hidden");
   $("judge").classList.remove("hidden");
   $("prompt").textContent = current.prompt;
@@ -159,13 +164,26 @@ function show(s) {
 function cell(row, text, tag) { row.appendChild(el(tag || "td", "", text)); }
 function fmt(x, digits) { return x === null || x === undefined ? "n/a" : Number(x).toFixed(digits); }
 
+let waiting = null;
 async function showResults() {
   const box = $("results");
-  box.textContent = "";
-  box.classList.remove("hidden");
-  box.appendChild(el("h2", "", "Done: thank you. Results so far (model names revealed)"));
+  clearTimeout(waiting);
   let r;
   try { r = await api("/api/results"); } catch (err) { say("results: " + err.message); return; }
+  if (current) return;  // an undo brought a pair back while the results were asked for
+  box.textContent = "";
+  box.classList.remove("hidden");
+  const same = "Pairs with identical texts on both sides, recorded as ties without asking: " + r.identical_pairs + ".";
+  if (!r.finished) {
+    const left = Object.entries(r.progress).filter(([, done]) => done < r.total).map(([j, done]) => j + " " + done + "/" + r.total);
+    box.appendChild(el("h2", "", "Done: thank you."));
+    box.appendChild(el("p", "", "The models' names and the results appear when every judge has finished (waiting for " + left.join(", ") + "). " + same));
+    document.body.dataset.results = "waiting";
+    waiting = setTimeout(showResults, 5000);
+    return;
+  }
+  box.appendChild(el("h2", "", "Done: thank you. Results (model names revealed)"));
+  box.appendChild(el("p", "", same));
   const rank = el("table");
   const head = el("tr");
   for (const h of ["rank", "model", "name", "BT log-strength", "95% interval"]) cell(head, h, "th");
@@ -189,6 +207,7 @@ async function showResults() {
   box.appendChild(el("p", "", "Judges agree: " + fmt(r.judge_agreement.agreement, 2) + " (" + r.judge_agreement.judge_pairs + " judge pairs). " +
     "People prefer the verifier's accepted completion: " + fmt(r.verifier_agreement.agreement, 2) + " (" + r.verifier_agreement.votes + " votes)."));
   box.appendChild(el("p", "", "Press u to undo your last vote."));
+  document.body.dataset.results = "shown";
 }
 
 async function refresh() {

@@ -2,15 +2,18 @@
 
 Endpoints (JSON in and out; a bad request gets 400 with `{"error": message}`):
 - `GET /`: the page (judge_page.py, self-contained).
-- `GET /api/state?judge=NAME`: progress (done, total) and the judge's next pair: id, prompt, left and right
-  texts. Never the model names, nor which side is A: the page cannot leak what it never receives.
+- `GET /api/state?judge=NAME`: progress (done, total: the pairs with two different texts) and the judge's next
+  pair: id, prompt, left and right texts. Never the model names, nor which side is A: the page cannot leak
+  what it never receives. Pairs with identical texts are never served (each is a tie, `judge_store`).
 - `POST /api/vote {judge, pair_id, choice: left|right|tie|skip}`: mapped to outcome a/b through the pair's
   sides and committed to SQLite before the answer is sent (a killed server loses no acknowledged vote);
   answers with the new state.
 - `POST /api/undo {judge}`: deletes the judge's newest vote; answers with the new state.
 - `GET /api/verdict?pair=ID&judge=NAME`: the verifier's verdict on the left and right completions (hidden until
   asked); the judge's vote on that pair is then stored as cast with the verdict seen.
-- `GET /api/results`: `judge.results` (names revealed).
+- `GET /api/results`: once the session is finished (every judge who voted has judged every pair,
+  `judge_store.finished`), `judge.results` (names revealed); before, only `{"finished": false, "progress":
+  {judge: done}, "total", "identical_pairs"}`: nothing that ties a model to a side or a name.
 The server is stateless beyond the store, so stopping it and starting another on the same session resumes
 every judge exactly where their votes say.
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from keelrl.monitor.judge_store import JudgeStore, Pair
+from keelrl.monitor.judge_store import JudgeStore, Pair, finished
 
 CHOICES = ("left", "right", "tie", "skip")
 MAX_BODY = 64 * 1024
@@ -76,19 +79,22 @@ class JudgeApp:
         return self.pairs[pid]
 
     def state(self, judge: str) -> dict[str, Any]:
-        done = len(self.store.votes(judge))
-        nxt = self.store.next_pair(judge)
+        voted = {v.pair_id for v in self.store.votes(judge)}
+        todo = [p for p in self.pairs.values() if not p.identical]
+        p = next((p for p in todo if p.id not in voted), None)
         shown = None
-        if nxt is not None:
-            p = self.pairs[nxt]
+        if p is not None:
             left, right = (p.text_a, p.text_b) if p.a_on_left else (p.text_b, p.text_a)
             shown = {"id": p.id, "problem": p.problem_index, "prompt": p.prompt, "left": left, "right": right}
-        return {"judge": judge, "done": done, "total": len(self.pairs), "pair": shown}
+        return {"judge": judge, "done": sum(p.id in voted for p in todo), "total": len(todo), "pair": shown}
 
     def vote(self, body: dict[str, Any]) -> dict[str, Any]:
         judge = judge_name(body.get("judge"))
         pair = self.pair(body.get("pair_id"))
-        self.store.vote(pair.id, judge, outcome_of(pair, str(body.get("choice"))))  # committed here
+        outcome = outcome_of(pair, str(body.get("choice")))
+        if pair.identical:
+            raise BadRequest(f"pair {pair.id} has identical texts: it is recorded as a tie, not judged")
+        self.store.vote(pair.id, judge, outcome)  # committed here
         return self.state(judge)
 
     def undo(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +111,15 @@ class JudgeApp:
     def results(self) -> dict[str, Any]:
         from keelrl.monitor.judge import results
 
-        return results(self.session_dir, resamples=200)
+        votes = self.store.votes()
+        if finished(list(self.pairs.values()), votes):
+            return results(self.session_dir, resamples=200)
+        todo = {p.id for p in self.pairs.values() if not p.identical}
+        progress = {v.judge: 0 for v in votes}
+        for v in votes:
+            progress[v.judge] += v.pair_id in todo
+        identical = len(self.pairs) - len(todo)
+        return {"finished": False, "progress": progress, "total": len(todo), "identical_pairs": identical}
 
 
 def _handler(app: JudgeApp) -> type[BaseHTTPRequestHandler]:

@@ -3,7 +3,8 @@
 A session compares checkpoints blind. `pairs` holds, per pair, the problem, the two models' completions (A
 and B in a fixed order) and which one is shown on the left (drawn per pair, balanced per model pair);
 `votes` holds one row per vote: who, when, which pair, the outcome (`a`, `b`, `tie`, `skip`) and the side the
-winner was shown on. A vote is committed before the page hears back, so a closed tab or a killed server loses
+winner was shown on. A pair whose two texts are the same (up to whitespace: `Pair.identical`) is never shown:
+it counts once as a tie (`identical_ties`) and is never exported as a preference. A vote is committed before the page hears back, so a closed tab or a killed server loses
 nothing; `undo` deletes the judge's newest vote; a judge resumes at their first pair without a vote. WAL lets
 several judges' requests and a results reader share the file.
 """
@@ -52,6 +53,11 @@ class Pair:
     correct_a: bool | None
     correct_b: bool | None
     a_on_left: bool
+
+    @property
+    def identical(self) -> bool:
+        """Both sides say the same, up to whitespace: nothing for a person to judge."""
+        return self.text_a.split() == self.text_b.split()
 
 
 @dataclass(frozen=True)
@@ -196,13 +202,9 @@ class JudgeStore:
         return [StoredVote(*r[:6], bool(r[6])) for r in rows]
 
     def next_pair(self, judge: str) -> int | None:
-        """The first pair (by id) `judge` has not voted on, or None when they are done."""
-        with self._db() as db:
-            row = db.execute(
-                "SELECT id FROM pairs WHERE id NOT IN (SELECT pair_id FROM votes WHERE judge = ?) ORDER BY id LIMIT 1",
-                (judge,),
-            ).fetchone()
-        return None if row is None else int(row[0])
+        """The first pair (by id) with two different texts that `judge` has not voted on; None when done."""
+        voted = {v.pair_id for v in self.votes(judge)}
+        return next((p.id for p in self.pairs() if not p.identical and p.id not in voted), None)
 
 
 def balanced_sides(model_pairs: Sequence[tuple[str, str]], seed: int) -> list[bool]:
@@ -228,11 +230,27 @@ def balanced_sides(model_pairs: Sequence[tuple[str, str]], seed: int) -> list[bo
 
 
 def comparisons(pairs: Sequence[Pair], votes: Sequence[StoredVote]) -> list[tuple[str, str, float, str, int]]:
-    """Votes as (model_a, model_b, outcome for A: 1 / 0 / 0.5, judge, pair id); skips left out."""
+    """Votes as (model_a, model_b, outcome for A: 1 / 0 / 0.5, judge, pair id); skips and votes on identical
+    pairs (cast before they were skipped) left out."""
     by_id = {p.id: p for p in pairs}
     value = {"a": 1.0, "b": 0.0, "tie": 0.5}
     return [
         (by_id[v.pair_id].model_a, by_id[v.pair_id].model_b, value[v.outcome], v.judge, v.pair_id)
         for v in votes
-        if v.outcome in value
+        if v.outcome in value and not by_id[v.pair_id].identical
     ]
+
+
+def identical_ties(pairs: Sequence[Pair]) -> list[tuple[str, str, float]]:
+    """Each pair with identical texts as one tie (model_a, model_b, 0.5), recorded without asking anyone."""
+    return [(p.model_a, p.model_b, 0.5) for p in pairs if p.identical]
+
+
+def finished(pairs: Sequence[Pair], votes: Sequence[StoredVote]) -> bool:
+    """Whether the session is over: every judge who voted has voted on every pair with two different texts
+    (and someone has, unless there is nothing to judge). Until then no page or API call names the models."""
+    todo = {p.id for p in pairs if not p.identical}
+    seen: dict[str, set[int]] = {}
+    for v in votes:
+        seen.setdefault(v.judge, set()).add(v.pair_id)
+    return (bool(seen) or not todo) and all(todo <= ids for ids in seen.values())

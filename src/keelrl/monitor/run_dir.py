@@ -99,6 +99,14 @@ class RunDir:
     def __init__(self, path: str | Path, writer: bool = True) -> None:
         self.path = Path(path)
         self.writer = writer
+        self.config_file = self.path / "config.json"
+        self.metrics_file = self.path / "metrics.jsonl"
+        self.rollouts_file = self.path / "rollouts.jsonl.gz"
+        self.events_file = self.path / "events.jsonl"
+        self.status_file = self.path / "status.json"
+        self.summary_file = self.path / "summary.json"
+        self.checkpoints = self.path / "checkpoints"
+        self.final_dir = self.path / "final"
         if writer:
             probe = self.path / f".write-probe-{os.getpid()}"
             try:
@@ -108,38 +116,6 @@ class RunDir:
                 probe.unlink()
             except OSError as err:
                 raise _unusable(self.path, err) from None
-
-    @property
-    def config_file(self) -> Path:
-        return self.path / "config.json"
-
-    @property
-    def metrics_file(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def rollouts_file(self) -> Path:
-        return self.path / "rollouts.jsonl.gz"
-
-    @property
-    def events_file(self) -> Path:
-        return self.path / "events.jsonl"
-
-    @property
-    def status_file(self) -> Path:
-        return self.path / "status.json"
-
-    @property
-    def summary_file(self) -> Path:
-        return self.path / "summary.json"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
-    @property
-    def final_dir(self) -> Path:
-        return self.path / "final"
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
         if not self.writer:
@@ -191,20 +167,15 @@ class RunDir:
             return 0, 0
         dropped = torn = 0
         if self.metrics_file.exists():
-            kept = []
-            for rec in _jsonl_records(self.metrics_file):
-                if rec is not None and int(rec.get("step", -1)) <= step:
-                    kept.append(rec)
-                else:
-                    dropped += 1
-                    torn += rec is None
+            records = list(_jsonl_records(self.metrics_file))
+            kept = [r for r in records if r is not None and int(r.get("step", -1)) <= step]
+            dropped, torn = len(records) - len(kept), records.count(None)
             atomic_write_text(self.metrics_file, "".join(dumps(r) + "\n" for r in kept))
         if self.rollouts_file.exists():
-            kept_r = [r for r in read_jsonl(self.rollouts_file) if int(r.get("step", -1)) <= step]
+            kept = [r for r in read_jsonl(self.rollouts_file) if int(r.get("step", -1)) <= step]
             tmp = self.rollouts_file.with_name(".rollouts.tmp.gz")
             with gzip.open(tmp, "wt") as f:
-                for r in kept_r:
-                    f.write(dumps(r) + "\n")
+                f.writelines(dumps(r) + "\n" for r in kept)
             os.replace(tmp, self.rollouts_file)
         return dropped, torn
 

@@ -175,12 +175,8 @@ class RunLock:
     def release(self) -> None:
         self._stop.set()
         self._renewer.join()
-        current = read_record(self.run_path)
-        if (
-            current is not None
-            and current.get("pid") == os.getpid()
-            and current.get("host") == self.record["host"]
-        ):
+        current = read_record(self.run_path) or {}
+        if current.get("pid") == os.getpid() and current.get("host") == self.record["host"]:
             (self.run_path / RECORD_FILE).unlink(missing_ok=True)
         self.handle.close()  # drops the OS lock
 

@@ -1,14 +1,15 @@
-"""Where per-step metrics go besides metrics.jsonl (the console, TensorBoard, Weights & Biases), and the one
-progress bar layout (`make_progress`) that training, eval and the demo show. Resumed runs continue the same
-curves: TensorBoard purges events after the restored step, W&B resumes the run id stored in the run dir.
+"""Where per-step metrics go besides metrics.jsonl: the console (the experiment trackers, TensorBoard, W&B
+and MLflow, are in trackers.py), the one progress bar layout (`make_progress`) that training, eval and the
+demo show, and what the supervisor shows on its terminal (`Terminal`).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 from rich.console import Console
@@ -21,16 +22,28 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-CONSOLE_KEYS = (
+RL_KEYS = (
     ("reward/mean", "reward", "{:.3f}"),
     ("accuracy", "acc", "{:.3f}"),
     ("format_rate", "fmt", "{:.2f}"),
     ("entropy", "ent", "{:.3f}"),
     ("response_length/mean", "len", "{:.1f}"),
+)
+LOSS = ("loss/total", "loss", "{:.4f}")
+# the end of every line: gradient norm, evals, time
+TAIL = (
     ("grad_norm", "gn", "{:.3f}"),
     ("eval/accuracy", "eval_acc", "{:.3f}"),
+    ("eval/loss", "eval_loss", "{:.4f}"),
     ("time/step_s", "s/step", "{:.2f}"),
 )
+# What a step's console line shows, by train.stage: (metric, short name, format), each when the step has it
+CONSOLE_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "rl": (*RL_KEYS, *TAIL),
+    "selfplay": (*RL_KEYS[:2], ("selfplay/valid_frac", "valid", "{:.2f}"), *RL_KEYS[2:], *TAIL),
+    "sft": (LOSS, *TAIL),
+    "rm": (LOSS, ("rm/accuracy", "acc", "{:.3f}"), ("rm/margin", "margin", "{:.3f}"), *TAIL),
+}
 
 
 class Sink(Protocol):
@@ -39,13 +52,21 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-def format_metrics(metrics: dict[str, Any]) -> str:
-    parts = []
-    for key, short, fmt in CONSOLE_KEYS:
-        value = metrics.get(key)
-        if isinstance(value, (int, float)):
-            parts.append(f"{short} {fmt.format(value)}")
-    return "  ".join(parts)
+def describe_event(kind: str, step: int, fields: dict[str, Any]) -> str:
+    """An event as a line people read: `step N kind (rule): its message (other fields) What to do: ...`; tables
+    (a guard's evidence, a curriculum cursor) stay in events.jsonl."""
+    shown = {k: v for k, v in fields.items() if k not in ("message", "suggestion", "rule")}
+    details = ", ".join(
+        f"{k.replace('_', ' ')} {f'{v:.4g}' if isinstance(v, float) else v}"
+        for k, v in shown.items()
+        if not isinstance(v, dict | list)
+    )
+    text = f"step {step} {kind.replace('_', ' ')}" + (f" ({fields['rule']})" if "rule" in fields else "")
+    if "message" in fields:
+        text += f": {fields['message']}" + (f" ({details})" if details else "")
+    elif details:
+        text += f": {details}"
+    return text + (f" What to do: {fields['suggestion']}" if fields.get("suggestion") else "")
 
 
 def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
@@ -57,11 +78,12 @@ def make_console(*, stderr: bool = False, highlight: bool = True) -> Console:
 
 
 def make_progress(console: Console, transient: bool = False) -> Progress:
-    """The progress bar: bold label, bar, done/total, elapsed, eta, and a free-text field `info`."""
+    """The progress bar, as wide as the terminal: bold label, bar, done/total, elapsed, eta, and a free-text
+    field `info`."""
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-        console=console, transient=transient,
+        TextColumn("[bold]{task.description}"), BarColumn(bar_width=None), MofNCompleteColumn(),
+        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+        console=console, transient=transient, expand=True,
     )  # fmt: skip
 
 
@@ -102,81 +124,70 @@ class ProgressBar:
             self.progress.stop()
 
 
-class ConsoleSink:
-    """A progress bar with ETA on a terminal; plain lines (every `every` steps) otherwise."""
+def say(text: str, err: bool = False) -> bool:
+    """Write a line to stdout (stderr) now; False when its reader has gone away (`| head`): the stream then
+    writes to /dev/null (`silence`), so nothing fails later."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+        return True
+    except BrokenPipeError:
+        return silence(stream)
+
+
+def silence(stream: Any) -> bool:
+    """Point `stream`'s file descriptor at /dev/null: what is still buffered and all that follows goes nowhere,
+    instead of a second BrokenPipeError when it is flushed (at exit: a traceback). Returns False."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    return False
+
+
+class Terminal:
+    """The run as people watch it (a Sink): a line per `every` steps and at every eval with the stage's figures
+    (`CONSOLE_KEYS[label]`), and every line `say` is given (events as sentences; under the supervisor, the
+    worker's output), on stdout (`err=True`: stderr); on a terminal a progress bar of `total` steps under them, as
+    wide as the terminal. Off a terminal (a pipe, a file, the supervisor's pipe) plain lines, flushed one by one.
+    A reader that goes away (`| head`) ends the lines, not the run (the run directory keeps everything)."""
 
     def __init__(
-        self, total_steps: int, start_step: int, every: int, progress: bool, description: str = "train"
+        self, total: int, start: int = 0, label: str = "rl", bar: bool = True, every: int = 1
     ) -> None:
-        self.every = every
-        self.console = make_console(stderr=True)
-        self.live = progress and sys.stderr.isatty()
-        self.progress: Progress | None = None
-        if self.live:
-            self.progress = make_progress(self.console)
+        console = make_console()
+        self.every, self.keys = every, CONSOLE_KEYS.get(label, CONSOLE_KEYS["rl"])
+        self.progress = make_progress(console) if bar and total and console.is_terminal else None
+        if self.progress is not None:
+            self.task_id = self.progress.add_task(label, total=total, completed=start, info="")
             self.progress.start()
-            self.task_id = self.progress.add_task(
-                description, total=total_steps, completed=start_step, info=""
-            )
+        self.lock, self.gone = threading.Lock(), False
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        line = format_metrics(metrics)
-        if self.progress is not None:
-            self.progress.update(self.task_id, completed=step, info=line)
-        elif step % self.every == 0 or "eval/accuracy" in metrics:
-            self.console.print(f"step {step:>5}  {line}", highlight=False)
+        self.advance_to(step)
+        if step % self.every == 0 or any(k.startswith("eval/") for k in metrics):
+            shown = [
+                f"{name} {fmt.format(metrics[k])}"
+                for k, name, fmt in self.keys
+                if isinstance(metrics.get(k), float | int)
+            ]
+            self.say(f"step {step:>5}  " + "  ".join(shown))
 
-    def message(self, text: str) -> None:
-        self.console.print(text, highlight=False, markup=False)
+    def say(self, text: str, err: bool = False) -> None:
+        with self.lock:
+            if self.gone:
+                return
+            if self.progress is None:
+                self.gone = not say(text, err)
+                return
+            try:  # above the bar, wrapped by the terminal
+                self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+            except BrokenPipeError:
+                self.gone = not silence(sys.stdout)
+
+    def advance_to(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task_id, completed=step)
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
-
-
-class TensorBoardSink:
-    def __init__(self, log_dir: Path, resume_step: int) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        # purge_step drops events written after the restored step by the interrupted attempt
-        self.writer = SummaryWriter(
-            log_dir=str(log_dir), purge_step=resume_step + 1 if resume_step > 0 else None
-        )
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        for key, value in metrics.items():
-            if (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and key not in ("step", "time")
-            ):
-                self.writer.add_scalar(key, value, step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class WandbSink:
-    def __init__(self, run_dir: Path, project: str, config: dict[str, Any]) -> None:
-        import wandb
-
-        id_file = run_dir / "wandb_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
-        id_file.write_text(run_id)
-        self.run = wandb.init(project=project, id=run_id, resume="allow", dir=str(run_dir), config=config)
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        self.run.log({k: v for k, v in metrics.items() if k not in ("step", "time")}, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-def tensorboard_available() -> bool:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -153,31 +153,21 @@ def analyze_traces(rollouts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     rows = _step_rows(rollouts)
     q = max(1, len(rows) // 4)
     early_rows, late_rows = rows[:q], rows[-q:]
-    early_steps = {r["step"] for r in early_rows}
-    late_steps = {r["step"] for r in late_rows}
-    keys = ("reward", "correct", "tokens", "truncated", "repetitive", "gibberish", "format_only", "verify")
     phrase_counts: Counter[str] = Counter()
     first_seen: dict[str, int] = {}
     for r in sorted(rollouts, key=lambda r: num(r.get("step"))):
         for name in verify_phrases(_text(r)):
             phrase_counts[name] += 1
             first_seen.setdefault(name, int(num(r.get("step"))))
-    early = [r for r in rollouts if int(num(r.get("step"), -1)) in early_steps]
-    late = [r for r in rollouts if int(num(r.get("step"), -1)) in late_steps]
+    early, late = _of_steps(rollouts, early_rows), _of_steps(rollouts, late_rows)
     return {
         "rollouts": len(rollouts),
         "steps_logged": len(rows),
         "first_step": rows[0]["step"],
         "last_step": rows[-1]["step"],
         "by_step": _thin(rows, 200),
-        "early": {
-            "steps": [early_rows[0]["step"], early_rows[-1]["step"]],
-            **{k: _pool(early_rows, k) for k in keys},
-        },
-        "late": {
-            "steps": [late_rows[0]["step"], late_rows[-1]["step"]],
-            **{k: _pool(late_rows, k) for k in keys},
-        },
+        "early": _pooled(early_rows),
+        "late": _pooled(late_rows),
         "reasons_early": dict(Counter(_reason(r) for r in early).most_common()),
         "reasons_late": dict(Counter(_reason(r) for r in late).most_common()),
         "verify_phrases": {
@@ -188,6 +178,17 @@ def analyze_traces(rollouts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "samples_early": [_sample(r) for r in _representative(early)],
         "samples_late": [_sample(r) for r in _representative(late)],
     }
+
+
+def _pooled(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The rows' first and last step and each statistic over all their rollouts."""
+    keys = ("reward", "correct", "tokens", "truncated", "repetitive", "gibberish", "format_only", "verify")
+    return {"steps": [rows[0]["step"], rows[-1]["step"]], **{k: _pool(rows, k) for k in keys}}
+
+
+def _of_steps(rollouts: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    steps = {r["step"] for r in rows}
+    return [r for r in rollouts if int(num(r.get("step"), -1)) in steps]
 
 
 def _thin(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
@@ -238,9 +239,10 @@ def trace_findings(traces: dict[str, Any], rollouts: Sequence[dict[str, Any]]) -
         return []
     out: list[Finding] = []
     early, late = traces["early"], traces["late"]
-    steps = (traces["late"]["steps"][0], traces["late"]["steps"][1])
+    steps = (late["steps"][0], late["steps"][1])
+    recent = [r for r in rollouts if int(num(r.get("step"), -1)) >= steps[0]]
     if late["gibberish"] >= GIBBERISH_FRAC:
-        picks = [r for r in rollouts if int(num(r.get("step"), -1)) >= steps[0] and is_gibberish(_text(r))]
+        picks = [r for r in recent if is_gibberish(_text(r))]
         out.append(
             Finding(
                 name="gibberish",
@@ -265,12 +267,12 @@ def trace_findings(traces: dict[str, Any], rollouts: Sequence[dict[str, Any]]) -
     rise = late["format_only"] - early["format_only"]
     if rise >= FORMAT_ONLY_RISE:
         no_gain = late["correct"] <= early["correct"] + 0.05
-        picks = [r for r in rollouts if int(num(r.get("step"), -1)) >= steps[0] and _format_only(r)]
+        picks = [r for r in recent if _format_only(r)]
         out.append(
             Finding(
                 name="format_only",
                 severity="warning" if no_gain else "info",
-                steps=(traces["early"]["steps"][0], steps[1]),
+                steps=(early["steps"][0], steps[1]),
                 evidence={
                     "format_only_frac": round(late["format_only"], 4),
                     "start_format_only_frac": round(early["format_only"], 4),
@@ -330,13 +332,13 @@ def format_traces(t: dict[str, Any]) -> list[str]:
     lines = [
         "",
         f"traces: {t['rollouts']} rollouts logged over {t['steps_logged']} steps ({t['first_step']}-{t['last_step']})",
+        "  step     n  reward correct  tokens  trunc  repet  gibber  fmt-only  verify",
     ]
-    lines.append("  step     n  reward correct  tokens  trunc  repet  gibber  fmt-only  verify")
-    for r in _thin(t["by_step"], 10):
-        lines.append(
-            f"  {r['step']:>5} {r['n']:>4}  {r['reward']:6.3f}  {r['correct']:6.2f}  {r['tokens']:6.1f}  {r['truncated']:5.2f}"
-            f"  {r['repetitive']:5.2f}  {r['gibberish']:6.2f}  {r['format_only']:8.2f}  {r['verify']:6.2f}"
-        )
+    lines += [
+        f"  {r['step']:>5} {r['n']:>4}  {r['reward']:6.3f}  {r['correct']:6.2f}  {r['tokens']:6.1f}  {r['truncated']:5.2f}"
+        f"  {r['repetitive']:5.2f}  {r['gibberish']:6.2f}  {r['format_only']:8.2f}  {r['verify']:6.2f}"
+        for r in _thin(t["by_step"], 10)
+    ]
     e, la = t["early"], t["late"]
     lines.append(
         f"  first quarter (steps {e['steps'][0]}-{e['steps'][1]}) vs last (steps {la['steps'][0]}-{la['steps'][1]}): "
@@ -356,10 +358,9 @@ def format_traces(t: dict[str, Any]) -> list[str]:
         )
     else:
         lines.append(f"  self-verification phrases: none in {t['rollouts']} completions")
-    for label, key in (("early", "samples_early"), ("late", "samples_late")):
-        for s in t[key]:
-            lines.append(f"  {label} sample > {quote(s)}")
-    return lines
+    return lines + [
+        f"  {label} sample > {quote(s)}" for label in ("early", "late") for s in t[f"samples_{label}"]
+    ]
 
 
 def _reasons(counts: dict[str, int]) -> str:

@@ -26,9 +26,8 @@ from keelrl.rm.model import CARD, RewardCard, resolve_model_dir, rm_ids, score_r
 from keelrl.rollout import Rollout
 from keelrl.rollout.episodes import Prompter
 
-DEFAULT_MAX_LENGTH = (
-    2048  # a reward model without a card: its inputs are cut to this many tokens (the end kept)
-)
+# a reward model without a card: its inputs are cut to this many tokens (the end kept)
+DEFAULT_MAX_LENGTH = 2048
 
 
 class LearnedReward:

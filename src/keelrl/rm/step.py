@@ -35,7 +35,7 @@ from keelrl.models import pad_token_id
 from keelrl.rm.model import RewardCard, pad_right, reward_scores, rm_ids, score_rows
 from keelrl.run import Run
 from keelrl.sft.batches import epoch_of, step_indices
-from keelrl.sft.data import DataError, Record, split_records
+from keelrl.sft.data import DataError, Record, read_pairs
 from keelrl.state import TrainState
 from keelrl.supervisor import pulse
 from keelrl.update import grad_norm_and_clip, supervised_update
@@ -57,9 +57,12 @@ class PairData:
     eval: list[Pair]
     dropped: int  # over data.max_length with too_long = "drop"
     truncated: int
+    identical: int = 0  # left out: chosen and rejected are the same text (no preference)
 
     def describe(self) -> str:
         out = f"{len(self.train)} training pairs, {len(self.eval)} held out"
+        if self.identical:
+            out += f"; {self.identical} left out (chosen and rejected identical)"
         if self.dropped or self.truncated:
             out += f"; {self.dropped} dropped, {self.truncated} truncated (data.max_length, data.too_long)"
         return out
@@ -96,14 +99,12 @@ def encode_pairs(
 def load_pairs(run_cfg: Any, tokenizer: Any) -> PairData:
     """Read and encode [data]'s preference pairs with the reward model's tokenizer."""
     d = run_cfg.data
-    train_records, eval_records = split_records(d.path, d.eval_path, d.eval_fraction, run_cfg.task.seed)
+    train_records, eval_records, identical = read_pairs(d, run_cfg.task.seed)
     train, dropped, truncated = encode_pairs(train_records, tokenizer, d.max_length, d.too_long, d.path)
-    held_out, _, _ = encode_pairs(
-        eval_records[: d.eval_examples], tokenizer, d.max_length, d.too_long, d.eval_path or d.path
-    )
+    held_out, _, _ = encode_pairs(eval_records, tokenizer, d.max_length, d.too_long, d.eval_path or d.path)
     if not train:
         raise DataError(f"{d.path}: no training pairs left ({len(train_records)} records, {dropped} dropped)")
-    return PairData(train, held_out, dropped, truncated)
+    return PairData(train, held_out, dropped, truncated, identical)
 
 
 def pair_scores(

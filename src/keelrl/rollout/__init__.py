@@ -40,7 +40,8 @@ def _local(
     if cfg is None:
         return HFSampler(model, tokenizer, on_progress=on_progress)
     t = cfg.train
-    return HFSampler(model, tokenizer, cfg.rollout.chunk_size, t.share_prefix, t.autocast, on_progress)
+    r = cfg.rollout
+    return HFSampler(model, tokenizer, r.chunk_size, t.share_prefix, t.autocast, on_progress, r.decode)
 
 
 def _ray(cfg: Config, model: PreTrainedModel, tokenizer: Tokenizer, on_progress: Progress) -> Sampler:

@@ -24,11 +24,18 @@ by a budget is not passed to `step`, but it is in `state.messages` when `finish`
 An environment whose `step` raises ends that episode (reason "done", status "agent_error", `info["reason"] =
 "env_error"`), and `finish` raising makes it a "verifier_error" (`score_error`): neither has a reward, both are
 left out of the advantages and returned as errors, like a checker that raises, and never stop the batch.
+
+An environment that drives the model itself (`rollout(client, problem, seed)`) is played through the same
+loop by `rollout.client.Driven`; every environment's episode gets `state.policy`, a client over the policy for
+a second seat (rollout/client.py). The episode's reward reduces its step rewards by `episode.step_rewards`
+(tasks/env.py, `STEP_REWARDS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,16 +43,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keelrl.config import EpisodeConfig
+from keelrl.rollout.client import ModelClient, as_environment, policy_client
 from keelrl.rollout.types import Rollout, Sampler, SamplingSettings
 from keelrl.seeds import stable_hash
 from keelrl.tasks.base import Score, unscored
-from keelrl.tasks.env import EpisodeEnd, EpisodeState, advance, episode_score
+from keelrl.tasks.env import EpisodeEnd, EpisodeState, advance, call_hook, episode_score, start_episode
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
     from keelrl.rollout.chat import ChatFormat
     from keelrl.rollout.episodes import Episode
+
+
+ERROR_CHARS = 600  # an environment's error is kept this long in the rollout's info
 
 
 @dataclass
@@ -87,25 +98,30 @@ def run_multiturn(
 ) -> list[Rollout]:
     """Play `episodes` to their end; returns their scored rollouts, in order (`episode_errors` lists what the
     environment raised)."""
+    env = as_environment(env)
+    # the sampler serves one caller at a time: the turns, or a second seat (rollout/client.py)
+    lock = threading.Lock()
+    seat = functools.partial(policy_client, sampler, tokenizer, fmt, settings, lock=lock)
     with ThreadPoolExecutor(max(1, limits.workers), thread_name_prefix="keelrl-env") as pool:
-        lives = list(pool.map(lambda e: _start(env, fmt, e), episodes))
+        lives = list(pool.map(lambda e: _start(env, fmt, e, seat(e.seed)), episodes))
         # each episode is scored as soon as it ends, while the others go on (its hidden tests overlap their turns)
         finishing: dict[int, Future[Score]] = {}
         for turn in range(1, limits.max_turns + 1):
             active = [x for x in lives if x.end is None]
             if not active:
                 break
-            _sample_turn(sampler, tokenizer, settings, active, limits, turn)
+            with lock:
+                _sample_turn(sampler, tokenizer, settings, active, limits, turn)
             stepping = [x for x in active if x.end is None]
             list(pool.map(lambda x: _env_step(env, fmt, x, limits), stepping))
             for i, x in enumerate(lives):
                 if x.end is not None and i not in finishing:
-                    finishing[i] = pool.submit(_finish, env, x)
+                    finishing[i] = pool.submit(_finish, env, x, limits)
         for i, x in enumerate(lives):
             if x.end is None:
                 x.end = "turns"
             if i not in finishing:
-                finishing[i] = pool.submit(_finish, env, x)
+                finishing[i] = pool.submit(_finish, env, x, limits)
         scores = [finishing[i].result() for i in range(len(lives))]
     version = sampler.policy_version
     return [_rollout(x, s, tokenizer, settings, version) for x, s in zip(lives, scores)]
@@ -113,14 +129,14 @@ def run_multiturn(
 
 def episode_errors(rollouts: Sequence[Rollout]) -> list[str]:
     """Why each episode without a reward has none (`step` or `finish` raised, a verifier that could not judge), in
-order."""
+    order."""
     return [str(r.info.get("error", r.status)) for r in rollouts if r.status != "ok"]
 
 
-def _start(env: Any, fmt: ChatFormat, e: Episode) -> _Live:
-    opening = [dict(m) for m in env.reset(e.problem, e.seed)]
-    state = EpisodeState(e.problem, e.seed, list(opening))
-    return _Live(e, state, opening, fmt.opening(opening))
+def _start(env: Any, fmt: ChatFormat, e: Episode, seat: ModelClient) -> _Live:
+    state = start_episode(env, e.problem, e.seed)
+    state.policy = seat
+    return _Live(e, state, list(state.messages), fmt.opening(state.messages))
 
 
 def _sample_turn(
@@ -158,7 +174,7 @@ def _env_step(env: Any, fmt: ChatFormat, x: _Live, limits: EpisodeConfig) -> Non
     try:
         out = advance(env, state, x.transcript[-1]["content"])
     except Exception as err:  # the environment's own bug: this episode ends, the batch goes on
-        x.error = f"{type(err).__name__}: {err}"[:300]
+        x.error = f"{type(err).__name__}: {err}"[:ERROR_CHARS]
         x.end = "done"
         return
     if out.done:
@@ -177,18 +193,17 @@ def _env_step(env: Any, fmt: ChatFormat, x: _Live, limits: EpisodeConfig) -> Non
     x.append(reply, None, {"role": roles[0] if len(roles) == 1 else "environment", "content": content})
 
 
-def _finish(env: Any, x: _Live) -> Score:
+def _finish(env: Any, x: _Live, limits: EpisodeConfig) -> Score:
     try:
         if x.error is not None:
             return unscored("agent_error", "env_error", x.error)
-        return episode_score(env, x.state)
+        return episode_score(env, x.state, limits.step_rewards, limits.discount)
     except Exception as err:  # a scorer that raises: no reward for this episode, as for single-turn checkers
-        x.error = f"{type(err).__name__}: {err}"[:300]
+        x.error = f"{type(err).__name__}: {err}"[:ERROR_CHARS]
         return unscored("verifier_error", "score_error", x.error)
     finally:
-        close = getattr(env, "close", None)
-        if close is not None:
-            close(x.state)
+        if callable(getattr(env, "close", None)):
+            call_hook(env, x.state, "close", x.state)
 
 
 def _rollout(
@@ -198,8 +213,8 @@ def _rollout(
     info = {
         **score.info,
         "turns": x.state.turn,
-        "tool_calls": sum(int(i.get("tool_calls", 0)) for i in infos),
-        "tool_errors": sum(int(i.get("tool_errors", 0)) for i in infos),
+        **{k: sum(int(i.get(k, 0)) for i in infos) for k in ("tool_calls", "tool_errors", "action_errors")},
+        "step_rewards": list(x.state.rewards),
         "end_reason": x.end,
         "transcript": x.transcript,
     }

@@ -65,7 +65,8 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
             last[0] = time.monotonic()
             conn.send(("progress",))
 
-    sampler = HFSampler(policy, tokenizer, cfg.rollout.chunk_size, t.share_prefix, t.autocast, progress)
+    r = cfg.rollout
+    sampler = HFSampler(policy, tokenizer, r.chunk_size, t.share_prefix, t.autocast, progress, r.decode)
     conn.send(("ready", os.getpid()))
     while True:
         try:

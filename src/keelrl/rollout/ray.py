@@ -324,11 +324,8 @@ class ScorerPool:
             [(problems[start:end], completions[start:end]) for start, end in spans],
             [f"completions {start}..{end - 1}" for start, end in spans],
         )
-        scores: list[Score] = []
-        errors: list[str] = []
-        for chunk_scores, chunk_errors in results:
-            scores.extend(chunk_scores)
-            errors.extend(chunk_errors)
+        scores: list[Score] = [s for chunk_scores, _ in results for s in chunk_scores]
+        errors: list[str] = [e for _, chunk_errors in results for e in chunk_errors]
         assert len(scores) == n
         return scores, errors
 
@@ -525,14 +522,10 @@ class SamplerPool:
         else:
             chunks = group_chunks(prompts, generation_chunks(prompts, 0)[0], self.actors.size)
         labels = [f"{len(rows)} prompts (rows {', '.join(map(str, rows[:3]))}, ...)" for rows in chunks]
-        results = self.actors.run(
-            "generate",
-            [
-                ([prompts[i] for i in rows], settings, [seeds[i] for i in rows], self._version)
-                for rows in chunks
-            ],
-            labels,
-        )
+        work = [
+            ([prompts[i] for i in rows], settings, [seeds[i] for i in rows], self._version) for rows in chunks
+        ]
+        results = self.actors.run("generate", work, labels)
         out: list[Generation | None] = [None] * len(prompts)
         for rows, gens in zip(chunks, results):
             for i, gen in zip(rows, gens, strict=True):

@@ -66,7 +66,17 @@ class Rollout:
 
     def to_json(self, step: int) -> dict[str, Any]:
         """The record `rollouts.jsonl.gz` keeps: what was sampled and scored, without the token lists."""
-        kept = ("problem_index", "problem", "group", "text", "reward", "correct", "info", "finish_reason", "status")
+        kept = (
+            "problem_index",
+            "problem",
+            "group",
+            "text",
+            "reward",
+            "correct",
+            "info",
+            "finish_reason",
+            "status",
+        )
         return {
             "step": step,
             **{k: getattr(self, k) for k in kept},

@@ -118,7 +118,7 @@ def check_code_proposal(task: CodeTask, text: str, form: str = "problem") -> Pro
         problem = validate_problem({**problem, "id": "proposal"}, "proposal")
     except TaskError:
         return Proposal(None, "malformed")
-    pool = shared_pool(task.params.isolation, task.params.workers, task.hide)
+    pool = shared_pool(task.sandbox.isolation, task.params.workers, task.hide)
     job = Job(problem["reference"], problem["entry_point"], calls_of(problem["tests"]), task.limits)
     runs = [pool.submit(job), pool.submit(job)]
     first, second = (run.result() for run in runs)

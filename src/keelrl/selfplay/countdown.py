@@ -28,7 +28,7 @@ from keelrl.tasks.base import in_test_split, last_answer
 from keelrl.tasks.countdown import Countdown, InvalidExpression, check_expression, solve
 
 PROPOSAL = re.compile(
-    r"^\s*(?:<problem>\s*)?(\d{1,6}(?:[ ,]+\d{1,6}){0,7})\s*->\s*(\d{1,7})\s*(?:</problem>)?\s*$"
+    r"^\s*(?:<problem>\s*)?([0-9]{1,6}(?:[ ,]+[0-9]{1,6}){0,7})\s*->\s*([0-9]{1,7})\s*(?:</problem>)?\s*$"
 )
 
 
@@ -80,7 +80,8 @@ def check_proposal(task: Countdown, text: str, form: str = "problem") -> Proposa
 
 
 PROPOSE_TEXT = (
-    "Write a new Countdown problem: {lo_n} to {hi_n} numbers from {lo} to {hi}, and a target from {tmin} to {tmax} "
+    "Write a new Countdown problem: {min_numbers} to {max_numbers} numbers from {min_number} to {max_number}, and "
+    "a target from {min_target} to {max_target} "
     "that the numbers reach with + - * /, each number used once. Write it on one line as `numbers -> target`, "
     "like `37 12 -> 444`."
 )
@@ -94,30 +95,16 @@ def proposer_prompt(task: Countdown, first: int, template: str, form: str = "pro
     the task's number range): a tiny model pretrained on the compact template's `a b -> t` lines continues
     it into a problem with no instruction at all (the user text is then empty), and a chat model is told
     the format."""
-    p = task.params
-    text = PROPOSE_TEXT.format(
-        lo_n=p.min_numbers,
-        hi_n=p.max_numbers,
-        lo=p.min_number,
-        hi=p.max_number,
-        tmin=p.min_target,
-        tmax=p.max_target,
-    ) + (WORKED_TEXT if form == "worked" else "")
+    text = PROPOSE_TEXT.format(**task.params.model_dump()) + (WORKED_TEXT if form == "worked" else "")
     return ("" if template == "compact" else text), f"{first} "
 
 
 class CountdownProposer:
     """Countdown's `Proposer` (selfplay/base.py): a prompt's cue is the problem line's first number."""
 
-    reasons = (
-        "malformed",
-        "no_solution",
-        "invalid_solution",
-        "unsolvable",
-        "held_out",
-        "count_out_of_range",
-        "number_out_of_range",
-        "target_out_of_range",
+    reasons = tuple(
+        "malformed no_solution invalid_solution unsolvable held_out count_out_of_range number_out_of_range "
+        "target_out_of_range".split()
     )
 
     def cue(self, task: Countdown, draw: int, buffer: ProblemBuffer) -> dict[str, Any]:

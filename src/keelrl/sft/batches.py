@@ -84,12 +84,7 @@ class SFTBatch:
     def rows(self, idx: Sequence[int]) -> SFTBatch:
         i = torch.as_tensor(list(idx), dtype=torch.long)
         t = int((self.documents[i] >= 0).sum(dim=1).max()) if len(idx) else 0  # trim the common padding
-        return SFTBatch(
-            *(
-                x[i, :t]
-                for x in (self.input_ids, self.documents, self.positions, self.target_mask, self.weights)
-            )
-        )
+        return SFTBatch(*(x[i, :t] for x in vars(self).values()))
 
     def chunks(self, size: int) -> list[SFTBatch]:
         """Consecutive micro-batches of at most `size` rows."""
@@ -97,12 +92,7 @@ class SFTBatch:
         return [self.rows(range(i, min(i + size, R))) for i in range(0, R, size)]
 
     def to(self, device: torch.device) -> SFTBatch:
-        return SFTBatch(
-            *(
-                x.to(device)
-                for x in (self.input_ids, self.documents, self.positions, self.target_mask, self.weights)
-            )
-        )
+        return SFTBatch(*(x.to(device) for x in vars(self).values()))  # every field, in order
 
 
 def example_weights(

@@ -16,8 +16,9 @@ class DataConfig(BaseModel):
         "",
         description=(
             'The training examples: a JSONL or JSON file (one record per line or a list: {"messages": [...]} '
-            'chat turns, or {"prompt": ..., "completion": ...}, each a string or a message list), a Parquet '
-            "or Arrow file, a directory written by datasets' save_to_disk, or a keelrl run directory (its "
+            'chat turns, or {"prompt": ..., "completion": ...}, each a string or a message list), a Parquet, '
+            "Arrow or CSV file, a folder of data files or one written by datasets' save_to_disk (its train "
+            "split), or a keelrl run directory (its "
             "logged rollouts that were scored correct: rejection-sampling fine-tuning)."
         ),
     )

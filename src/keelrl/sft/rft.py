@@ -15,15 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from keelrl.config import Config
+from keelrl.monitor.run_dir import atomic_write_text
 
 
 def collect_correct(
-    cfg: Config,
-    out: str | Path,
-    problems: int,
-    samples: int,
-    per_problem: int,
-    on_progress: Any = None,
+    cfg: Config, out: str | Path, problems: int, samples: int, per_problem: int, on_progress: Any = None
 ) -> dict[str, Any]:
     """Sample `samples` completions for each of the first `problems` training problems with cfg.model at
     cfg.rollout's settings (temperature, max_new_tokens), and write the distinct correct ones (at most
@@ -34,7 +30,7 @@ def collect_correct(
     from keelrl.tasks import TaskError, get_task
     from keelrl.tasks.env import is_environment
 
-    task = get_task(cfg.task.name, seed=cfg.task.seed, **cfg.task.params)
+    task = get_task(cfg.task.name, cfg.task.seed, cfg.sandbox, **cfg.task.params)
     if is_environment(task):
         raise TaskError(
             f"{cfg.task.name} is a multi-turn environment; keelrl rft keeps single-turn completions only (write "
@@ -67,9 +63,7 @@ def collect_correct(
         solved += bool(seen)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("".join(json.dumps(k) + "\n" for k in kept))
-    tmp.replace(out)
+    atomic_write_text(out, "".join(json.dumps(k) + "\n" for k in kept))
     sampled = sum(len(res.texts) for res in results)
     return {
         "problems": len(results),

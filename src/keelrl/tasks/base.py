@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from keelrl.seeds import stable_hash
 
 Split = Literal["train", "test"]
-Template = Literal["base", "chat", "compact"]
+Template = Literal["base", "chat", "compact", "qwen_instruct"]
 # How an episode ended (DESIGN.md): only "ok" carries a reward into the advantages. verifier_error: the checker
 # could not judge (it raised, crashed, timed out, or wrote no usable reward); agent_error: the episode broke on the
 # agent's side for a reason not the model's (an environment's step raised, its container did not start);
@@ -43,11 +43,13 @@ class Score:
 class Prompt:
     """A task's question, before rendering. system: instructions (a chat system turn, a base model's
     preamble; may be empty). user: the question. assistant_prefix: the assistant turn's first words, part
-    of the prompt tokens; the scorer sees it in front of the completion."""
+    of the prompt tokens; the scorer sees it in front of the completion. history: earlier chat turns
+    ({"role", "content"}) between the system turn and `user` (a data set's multi-turn chat prompt)."""
 
     system: str
     user: str
     assistant_prefix: str
+    history: tuple[dict[str, str], ...] = ()
 
 
 @runtime_checkable
@@ -55,7 +57,8 @@ class Task(Protocol):
     """Optional methods, looked up with getattr (a task without them still works): `score_many(problems,
     completions)` (batched scoring, see `score_batch`), `reference_answer(problem) -> str | None` (a
     known-correct answer as the model should state it, used by `keelrl eval --perplexity reference` when a
-    problem has no "reference" field), and the `BucketedTask` methods below."""
+    problem has no "reference" field), `size(split) -> int` (a split's number of distinct problems, when finite:
+    evals take at most that many), and the `BucketedTask` methods below."""
 
     name: str
 
@@ -157,14 +160,28 @@ SYSTEM_CHAT = (
     "You are a helpful assistant. You first think about the reasoning process in the mind and then provide "
     "the user with the answer."
 )
+# TinyZero's qwen-instruct system turn, word for word ("thinks", "provides" and all)
+SYSTEM_QWEN_INSTRUCT = (
+    "You are a helpful assistant. You first thinks about the reasoning process in the mind and then provides "
+    "the user with the answer."
+)
 THINK_PREFIX = "Let me solve this step by step.\n<think>"
 ANSWER_PREFIX = "<answer>"  # the assistant turn's first words in answer-only templates
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+def last_answer(text: str) -> str | None:
+    """The last complete <answer>...</answer> block's content (what re.findall(r"<answer>(.*?)</answer>",
+    re.DOTALL) finds last), or None. The whole text is searched in linear time: str.find reads each character
+    at most once (that regex rescans to the end from every unclosed <answer>: quadratic)."""
+    found, pos = None, 0
+    while (start := text.find("<answer>", pos)) >= 0:
+        end = text.find("</answer>", start + 8)
+        if end < 0:
+            break
+        found, pos = text[start + 8 : end], end + 9
+    return found
 
 
-def last_answer(text: str, max_chars: int = 2000) -> str | None:
-    """The last complete <answer>...</answer> block's content, or None; long texts: searched from the end."""
-    tail = text[-(max_chars + 32) :] if len(text) > max_chars + 32 else text
-    found = _ANSWER_RE.findall(tail)
-    return found[-1] if found else None
+# a decimal digit outside ASCII 0-9 (Arabic-Indic, full-width, ...): Python's \d, int() and float() read them as
+# numbers; in an answer only ASCII digits are numbers
+NON_ASCII_DIGIT = re.compile(r"(?![0-9])\d")

@@ -6,6 +6,7 @@ from a paper: they are judgment calls, said as such."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from pydantic import Field
@@ -19,8 +20,10 @@ from keelrl.guards.base import (
     Severity,
     finding,
     mean_value,
+    metric_value,
     span,
     start_and_now,
+    step_of,
     tail,
 )
 
@@ -46,11 +49,13 @@ def unscored_episodes(history: Sequence[Record], t: UnscoredEpisodesThresholds) 
     if not cur or (frac := cur[0][1]) <= t.max_frac:
         return None
     step = cur[0][0]
-    last = next(r for r in reversed(history) if r.get("step") == step)
+    last = next((r for r in reversed(history) if step_of(r, -1) == step), {})
     counts = {
-        k: float(last.get(f"episode/{k}", 0.0)) for k in ("verifier_errors", "agent_errors", "timeouts")
+        k: v
+        for k in ("verifier_errors", "agent_errors", "timeouts")
+        if (v := metric_value(last, f"episode/{k}")) is not None and math.isfinite(v)
     }
-    said = ", ".join(f"{int(v)} {k.replace('_', ' ')}" for k, v in counts.items() if v)
+    said = ", ".join(f"{int(v)} {k.replace('_', ' ')}" for k, v in counts.items() if v) or "no count recorded"
     return finding(
         "unscored_episodes",
         "critical",

@@ -79,24 +79,34 @@ class GradSpikeThresholds(RuleThresholds):
 
 
 def _spike(
-    history: Sequence[Record], key: str, window: int, z_min: float, min_ratio: float
-) -> tuple[float, float, float, float, int, int] | None:
-    """The latest `key` against the `window` values before it: (value, window median, robust z, ratio, step,
-    window size) when it is at least `z_min` robust z-scores and `min_ratio` times the median above it."""
+    name: str,
+    history: Sequence[Record],
+    key: str,
+    t: GradSpikeThresholds | LossSpikeThresholds,
+    suggestion: str,
+) -> Finding | None:
+    """The latest `key` against the `t.window` values before it: critical when it is at least `t.z` robust
+    z-scores and `t.min_ratio` times their median above it."""
     x = metric_value(history[-1], key) if history else None
     if x is None or not math.isfinite(x):
         return None  # a non-finite value is nonfinite's
-    prev = tail(history[:-1], key, window)
-    if len(prev) < max(5, window // 2):
-        return None
-    values = [v for _, v in prev]
-    med = statistics.median(values)
-    if med <= 0:
+    values = [v for _, v in tail(history[:-1], key, t.window)]
+    if len(values) < max(5, t.window // 2) or (med := statistics.median(values)) <= 0:
         return None
     z, ratio = robust_z(x, values), x / med
-    if z < z_min or ratio < min_ratio:
+    if z < t.z or ratio < t.min_ratio:
         return None
-    return x, med, z, ratio, step_of(history[-1], len(history) - 1), len(values)
+    step = step_of(history[-1], len(history) - 1)
+    return finding(
+        name,
+        "critical",
+        (step, step),
+        {key.replace("/", "_"): x, "window_median": med, "robust_z": z, "ratio": ratio},
+        f"{key} {x:.3g} at step {step} is {ratio:.1f}x the median of the previous {len(values)} steps "
+        f"(robust z {z:.1f}).",
+        suggestion,
+        t.action,
+    )
 
 
 # The losses of the supervised stages: SFT's per-token loss/nll (loss_spike judges it) and a reward model's
@@ -113,21 +123,15 @@ def grad_spike(history: Sequence[Record], t: GradSpikeThresholds) -> Finding | N
     while its loss stays flat (measured: 10x and 64x the window's robust z in two healthy SFT runs, benchmarks/
     sft_from_scratch.py and a STaR round in docs/RESULTS.md), so SFT is judged by loss_spike instead; a reward
     model by neither (see SUPERVISED_LOSSES)."""
-    if not history or any(metric_value(history[-1], k) is not None for k in SUPERVISED_LOSSES):
+    if history and any(metric_value(history[-1], k) is not None for k in SUPERVISED_LOSSES):
         return None
-    if (spike := _spike(history, "grad_norm", t.window, t.z, t.min_ratio)) is None:
-        return None
-    g, med, z, ratio, step, n = spike
-    return finding(
+    return _spike(
         "grad_spike",
-        "critical",
-        (step, step),
-        {"grad_norm": g, "window_median": med, "robust_z": z, "ratio": ratio},
-        f"grad_norm {g:.3g} at step {step} is {ratio:.1f}x the median of the previous {n} steps "
-        f"(robust z {z:.1f}).",
+        history,
+        "grad_norm",
+        t,
         "A single spike is usually one bad batch (skipping it is what PaLM did); repeated spikes mean lower "
         "algo.lr or a tighter algo.grad_clip, and check mismatch/kl first (the gap often grows before spikes).",
-        t.action,
     )
 
 
@@ -150,19 +154,13 @@ class LossSpikeThresholds(RuleThresholds):
 def loss_spike(history: Sequence[Record], t: LossSpikeThresholds) -> Finding | None:
     """The latest loss/nll (SFT's per-token loss) against the `window` before it; RL and reward-model records
     have none."""
-    if (spike := _spike(history, "loss/nll", t.window, t.z, t.min_ratio)) is None:
-        return None
-    x, med, z, ratio, step, n = spike
-    return finding(
+    return _spike(
         "loss_spike",
-        "critical",
-        (step, step),
-        {"loss_nll": x, "window_median": med, "robust_z": z, "ratio": ratio},
-        f"loss/nll {x:.3g} at step {step} is {ratio:.1f}x the median of the previous {n} steps "
-        f"(robust z {z:.1f}).",
+        history,
+        "loss/nll",
+        t,
         "One spike is usually one bad batch (skipping it is what PaLM did); if spikes repeat, lower algo.lr, "
         "keep algo.grad_clip > 0, and look for malformed or very long examples in the data.",
-        t.action,
     )
 
 
@@ -199,19 +197,18 @@ def exact_zero(history: Sequence[Record], t: ExactZeroThresholds) -> Finding | N
     if len(recs) < t.min_steps:
         return None
     recs.reverse()
-    steps = (step_of(recs[0], 0), step_of(recs[-1], 0))
+    n, steps = len(recs), (step_of(recs[0], 0), step_of(recs[-1], 0))
+    evidence = {"zero_steps": float(n)}
     no_signal = [metric_value(r, "groups/no_signal_frac") for r in recs]
     rewards = [metric_value(r, "reward/mean") for r in recs]
-    stds = [metric_value(r, "reward/std") for r in recs]
-    evidence = {"zero_steps": float(len(recs))}
-    if all(v is not None for v in no_signal):
-        evidence["no_signal_frac"] = min(v for v in no_signal if v is not None)
-    if all(v is not None for v in rewards):
-        evidence["reward_mean"] = max(abs(v) for v in rewards if v is not None)
-    has_signal = ("no_signal_frac" in evidence and evidence["no_signal_frac"] < 1.0) or (
-        "no_signal_frac" not in evidence and any(s is not None and s > 0 for s in stds)
-    )
-    n = len(recs)
+    if None not in no_signal:
+        evidence["no_signal_frac"] = min(no_signal)
+    if None not in rewards:
+        evidence["reward_mean"] = max(abs(v) for v in rewards)
+    if "no_signal_frac" in evidence:
+        has_signal = evidence["no_signal_frac"] < 1.0
+    else:
+        has_signal = any((metric_value(r, "reward/std") or 0.0) > 0 for r in recs)
     if has_signal:
         severity: Severity = "critical"
         msg = (

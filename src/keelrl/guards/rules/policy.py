@@ -44,13 +44,10 @@ class EntropyCollapseThresholds(RuleThresholds):
 
 def entropy_collapse(history: Sequence[Record], t: EntropyCollapseThresholds) -> Finding | None:
     """Mean entropy of the last `window` steps below a fraction of the starting entropy."""
-    if (got := start_and_now(history, "entropy", t.baseline_steps, t.window)) is None:
+    if (got := start_and_now(history, "entropy", t.baseline_steps, t.window)) is None or got[0] <= 0:
         return None
     h0, h, cur = got
-    if h0 <= 0:
-        return None
-    frac = h / h0
-    if frac >= t.warn_frac:
+    if (frac := h / h0) >= t.warn_frac:
         return None
     return finding(
         "entropy_collapse",
@@ -135,8 +132,7 @@ def length_explosion(history: Sequence[Record], t: LengthExplosionThresholds) ->
     ev = {"length": length, "start_length": l0, "factor": length / l0}
     acc0, acc = head(history, "accuracy", t.baseline_steps), tail(history, "accuracy", t.window)
     if acc0 and acc:
-        gain = mean_value(acc) - mean_value(acc0)
-        ev["accuracy_gain"] = gain
+        ev["accuracy_gain"] = gain = mean_value(acc) - mean_value(acc0)
         if gain >= t.min_accuracy_gain:
             return None
     return finding(
@@ -214,30 +210,54 @@ class TruncationSurgeThresholds(RuleThresholds):
     min_rise: float = Field(
         0.2, ge=0.0, description="A surge must rise at least this much above the starting fraction."
     )
+    # Measured (configs/selfplay_countdown.toml, docs/RESULTS.md): truncation rose 0 -> 100% while accuracy held,
+    # every cut completion a complete answer and 1-2 characters more: the reward was intact, the stop was lost.
+    answered_frac: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="When this share of the cut completions holds a well-formed answer before the cut "
+        "(response_length/truncated_formatted_frac), the surge is the policy writing on after its answer: a "
+        "warning that says so, not a critical loss of answers.",
+    )
 
 
 def truncation_surge(history: Sequence[Record], t: TruncationSurgeThresholds) -> Finding | None:
     """Many completions cut at the length limit: a surge is a warning or critical, a high start is info."""
-    if (got := start_and_now(history, "response_length/truncated_frac", t.baseline_steps, t.window)) is None:
+    got = start_and_now(history, "response_length/truncated_frac", t.baseline_steps, t.window)
+    if got is None or got[1] < t.warn_frac:
         return None
     f0, f, cur = got
-    if f < t.warn_frac:
-        return None
-    rise = f - f0
-    if rise < t.min_rise:
+    if f - f0 < t.min_rise:
         severity: Severity = "info"
         msg = f"{f:.0%} of completions hit the length limit (steps {cur[0][0]}-{cur[-1][0]}), about as many as at the start ({f0:.0%})."
     else:
         severity = "critical" if f >= t.critical_frac else "warning"
         msg = f"Truncated completions rose from {f0:.0%} to {f:.0%} (steps {cur[0][0]}-{cur[-1][0]}): cut answers earn no reward."
+    suggestion = (
+        "Raise rollout.max_new_tokens if the answers need the room; if they ramble or loop, lower algo.lr and see "
+        "repetition / length_explosion."
+    )
+    answered = tail(history, "response_length/truncated_formatted_frac", t.window)
+    if severity != "info" and answered and (a := mean_value(answered)) >= t.answered_frac:
+        severity = "warning"
+        msg = (
+            f"Completions cut at the length limit rose from {f0:.0%} to {f:.0%} (steps {cur[0][0]}-{cur[-1][0]}), "
+            f"but {a:.0%} of them hold a well-formed answer before the cut and are scored on it: the policy writes "
+            "on after its answer instead of ending its turn."
+        )
+        suggestion = (
+            "The reward is intact while the answer comes first, but every sample now costs the whole token budget "
+            "and its text needs cutting at the answer; a score that requires the completion to end after its "
+            "answer (or a lower algo.lr) brings the stop back."
+        )
     return finding(
         "truncation_surge",
         severity,
         span(cur),
         {"truncated_frac": f, "start_truncated_frac": f0},
         msg,
-        "Raise rollout.max_new_tokens if the answers need the room; if they ramble or loop, lower algo.lr and see "
-        "repetition / length_explosion.",
+        suggestion,
         t.action,
     )
 

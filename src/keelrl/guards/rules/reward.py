@@ -65,10 +65,7 @@ def reward_collapse(history: Sequence[Record], t: RewardCollapseThresholds) -> F
             best, best_end = run / t.window, i
     cur = sum(values[-t.window :]) / t.window
     gain = best - r0
-    if gain < t.min_gain:
-        return None
-    lost = (best - cur) / gain
-    if lost < t.lost_frac:
+    if gain < t.min_gain or (lost := (best - cur) / gain) < t.lost_frac:
         return None
     return finding(
         "reward_collapse",
@@ -106,17 +103,11 @@ class NoSignalThresholds(RuleThresholds):
 def no_signal(history: Sequence[Record], t: NoSignalThresholds) -> Finding | None:
     """Fraction of groups whose rewards are all equal (no advantage, no gradient)."""
     cur = tail(history, "groups/no_signal_frac", t.window)
-    if len(cur) < t.window:
+    if len(cur) < t.window or (f := mean_value(cur)) < t.warn_frac:
         return None
-    f = mean_value(cur)
-    if f < t.warn_frac:
-        return None
-    rew = tail(history, "reward/mean", t.window)
-    ev = {"no_signal_frac": f}
-    why = ""
-    if rew:
-        r = mean_value(rew)
-        ev["reward_mean"] = r
+    ev, why = {"no_signal_frac": f}, ""
+    if rew := tail(history, "reward/mean", t.window):
+        ev["reward_mean"] = r = mean_value(rew)
         if r == 0:
             why = " (every rollout failed: the task is too hard for the policy)"
         else:
@@ -277,13 +268,11 @@ def eval_regression(history: Sequence[Record], t: EvalRegressionThresholds) -> F
     best, latest, drop = evals
     if drop < t.min_drop:
         return None
+    # the trouble began after the best eval: its checkpoint is a good target
     return finding(
         "eval_regression",
         "critical" if drop >= t.critical_frac * best[2] else "warning",
-        (
-            best[1] + 1,
-            latest[-1][1],
-        ),  # the trouble began after the best eval: its checkpoint is a good target
+        (best[1] + 1, latest[-1][1]),
         {"eval_accuracy_best": best[2], "eval_accuracy": latest[-1][2], "drop": best[2] - latest[-1][2]},
         f"Held-out eval accuracy fell from its best {best[2]:.3g} (step {best[1]}) to {latest[-1][2]:.3g} "
         f"(step {latest[-1][1]}) and stayed below for {t.min_evals} evals.",

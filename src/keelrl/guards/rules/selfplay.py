@@ -33,8 +33,7 @@ def proposer_collapse(history: Sequence[Record], t: ProposerCollapseThresholds) 
     dup = tail(history, "selfplay/duplicate_frac", t.window)
     if len(valid) < t.window or len(dup) < t.window or (v := mean_value(valid)) < t.min_valid:
         return None
-    share = mean_value(dup) / v
-    if share < t.warn_share:
+    if (share := mean_value(dup) / v) < t.warn_share:
         return None
     return finding(
         "proposer_collapse",
