@@ -134,9 +134,7 @@ class RolloutConfig(Section):
     group_size: int = Field(
         8, ge=1, description="Completions per prompt; advantages are computed within a group."
     )
-    max_new_tokens: int = Field(
-        64, ge=1, description="Longest completion; longer ones are cut and marked truncated."
-    )
+    max_new_tokens: int = Field(64, ge=1, description="Longest completion; longer ones are cut and marked truncated.")  # fmt: skip
     temperature: float = Field(
         1.0,
         gt=0.0,
@@ -167,6 +165,7 @@ class RolloutConfig(Section):
 
 
 class EpisodeConfig(Section):
+    max_prompt_tokens: int = Field(8192, ge=1, description="Single-turn tasks: longest rendered prompt (a data set's row); a longer one is not sampled: its rollout ends as agent_error, untrained, counted in episode/agent_errors.")  # fmt: skip
     max_turns: int = Field(
         8,
         ge=1,

@@ -93,6 +93,7 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # about 2 minutes on 2 cores (its always-erroring sibling below stays in the default suite)
 def test_rl_on_harbor_tasks_in_containers_resumes_exactly(
     container_runtime: str, shell_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -143,7 +143,7 @@ SETUP_ERRORS = {  # --set items -> what the message must name
     "wandb missing": (["log.wandb=true"], ["log.wandb", "pip install 'wandb"]),
     "peft missing": (["model.lora.rank=4"], ["model.lora.rank", "pip install 'peft"]),
     "vllm missing": (["rollout.engine=vllm"], ["rollout.engine", "pip install 'vllm"]),
-    "ray missing": (["distributed.sampler=ray"], ["distributed.scorer/sampler", "pip install 'ray"]),
+    "ray missing": (["distributed.sampler=ray"], ["change distributed.sampler", "pip install 'ray"]),
     "model path missing": (["model.path=/nonexistent/model"], ["model.path", "does not exist"]),
     "model run dir missing": (["model.path=runs/nothing/final"], ["model.path", "does not exist"]),
 }

@@ -29,6 +29,14 @@ class Broken(Multiply):
         if self.always or zlib.crc32(completion.encode()) % 2:
             raise RuntimeError("the checker cannot run")
         return super().score(problem, completion)
+
+
+class Wordy(Multiply):
+    """Multiplication whose prompt is 5,000 characters longer when a is odd (a data set's oversized row)."""
+
+    def prompt(self, problem, template):
+        p = super().prompt(problem, template)
+        return p if problem["a"] % 2 == 0 else type(p)(p.system, p.user + " " * 5000, p.assistant_prefix)
 '''
 
 
@@ -80,3 +88,26 @@ def test_rollouts_without_a_reward_are_left_out_of_the_update(format_run, broken
     unscored = [r for r in rollouts if r["status"] != "ok"]
     assert unscored and all(r["status"] == "verifier_error" and r["advantage"] == 0.0 for r in unscored)
     assert all("the checker cannot run" in r["info"]["error"] for r in unscored)
+
+
+def test_a_prompt_over_max_prompt_tokens_is_not_sampled_and_not_trained_on(format_run, broken_task, tmp_path):
+    """A data set's oversized row must not reach the sampler (a 1.5 MB row once asked for a terabyte): its
+    rollout ends as agent_error, keeps only the first max_prompt_tokens tokens, and the run trains on the rest."""
+    run = tmp_path / "run"
+    cfg = load_config(
+        "configs/smoke.toml",
+        [*format_run, 'task.name="broken_tasks:Wordy"', "task.params={digits_a = 1, digits_b = 1}",
+         "eval.problems=8", "eval.every_steps=0", "train.steps=2", "episode.max_prompt_tokens=64",
+         "guards.unscored_episodes.max_frac=0.95"],
+    )  # fmt: skip
+    train(cfg, run)
+    metrics = [m for m in _lines(run / "metrics.jsonl") if "loss/total" in m]
+    assert len(metrics) == 2 and all(0 < m["episode/agent_errors"] < 16 for m in metrics)
+    import gzip
+
+    rollouts = [json.loads(x) for x in gzip.open(run / "rollouts.jsonl.gz", "rt")]
+    long = [r for r in rollouts if r["problem"]["a"] % 2]
+    assert long and all(r["status"] == "agent_error" and r["advantage"] == 0.0 for r in long)
+    assert all(r["info"]["reason"] == "prompt_too_long" and r["info"]["prompt_tokens"] > 5000 for r in long)
+    assert all("more than episode.max_prompt_tokens = 64" in r["info"]["error"] for r in long)
+    assert all(r["status"] == "ok" for r in rollouts if r["problem"]["a"] % 2 == 0)

@@ -104,7 +104,10 @@ def test_a_push_sends_the_weights_as_they_were_when_pushed(pipe) -> None:
     live.add_(5.0)  # the trainer's next update, before the worker reaches the push
     sampler.gate.set()
     p.take(0)
-    p.drain()
+    p.drain()  # waits for the sampled batches, not for the push queued after them: wait for it here
+    deadline = time.monotonic() + 30
+    while len(received) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert received == [(0, [0.0]), (1, [0.0])]
 
 

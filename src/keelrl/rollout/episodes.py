@@ -22,7 +22,7 @@ from keelrl.rollout import Rollout, Sampler, SamplingSettings, render_prompt
 from keelrl.rollout.chat import chat_format
 from keelrl.rollout.multiturn import episode_errors, run_multiturn
 from keelrl.tasks import Score, Task, Template
-from keelrl.tasks.base import score_safely
+from keelrl.tasks.base import score_safely, unscored
 from keelrl.tasks.env import is_environment
 
 # (problems, completions) -> (scores, checker errors): the task's checker, or a pool or drill around it
@@ -93,24 +93,58 @@ def generate(
             sampler, prompter.tokenizer, prompter.chat, prompter.task, episodes, settings, prompter.limits
         )
     prompts = [prompter(e.problem_index, e.problem) for e in episodes]
-    gens = sampler.generate([ids for ids, _ in prompts], settings, [e.seed for e in episodes])
-    return [
-        Rollout(
-            problem_index=e.problem_index,
-            problem=e.problem,
-            group=e.group,
-            prompt_ids=ids,
-            completion_ids=gen.completion_ids,
-            sample_logprobs=gen.logprobs,
-            trainable=[1] * len(gen.completion_ids),
-            finish_reason=gen.finish_reason,
-            policy_version=sampler.policy_version,
-            sampling=settings,
-            text=prompter.tokenizer.decode(gen.completion_ids, skip_special_tokens=True),
-            prefix=prefix,
+    longest = prompter.limits.max_prompt_tokens
+    fits = [len(ids) <= longest for ids, _ in prompts]
+    kept = [(e, ids) for e, (ids, _), ok in zip(episodes, prompts, fits) if ok]
+    gens = iter(
+        sampler.generate([ids for _, ids in kept], settings, [e.seed for e, _ in kept]) if kept else []
+    )
+    out = []
+    for e, (ids, prefix), ok in zip(episodes, prompts, fits):
+        if not ok:
+            out.append(_too_long(e, ids, longest, sampler.policy_version, settings))
+            continue
+        gen = next(gens)
+        out.append(
+            Rollout(
+                problem_index=e.problem_index,
+                problem=e.problem,
+                group=e.group,
+                prompt_ids=ids,
+                completion_ids=gen.completion_ids,
+                sample_logprobs=gen.logprobs,
+                trainable=[1] * len(gen.completion_ids),
+                finish_reason=gen.finish_reason,
+                policy_version=sampler.policy_version,
+                sampling=settings,
+                text=prompter.tokenizer.decode(gen.completion_ids, skip_special_tokens=True),
+                prefix=prefix,
+            )
         )
-        for e, (ids, prefix), gen in zip(episodes, prompts, gens)
-    ]
+    return out
+
+
+def _too_long(e: Episode, ids: list[int], longest: int, version: int, settings: SamplingSettings) -> Rollout:
+    """The rollout of a prompt over `episode.max_prompt_tokens`: not sampled, no reward (agent_error); it keeps
+    the prompt's first `longest` tokens only, so that no later pass over the batch pays for the rest."""
+    why = f"the prompt has {len(ids)} tokens, more than episode.max_prompt_tokens = {longest}; it was not sampled"
+    s = unscored("agent_error", "prompt_too_long", why)
+    return Rollout(
+        problem_index=e.problem_index,
+        problem=e.problem,
+        group=e.group,
+        prompt_ids=ids[:longest],
+        completion_ids=[],
+        sample_logprobs=[],
+        trainable=[],
+        finish_reason="length",
+        policy_version=version,
+        sampling=settings,
+        reward=s.reward,
+        correct=s.correct,
+        info={**s.info, "prompt_tokens": len(ids)},
+        status=s.status,
+    )
 
 
 def score(task: Task, rollouts: Sequence[Rollout], score_fn: ScoreFn | None = None) -> list[str]:
@@ -118,9 +152,12 @@ def score(task: Task, rollouts: Sequence[Rollout], score_fn: ScoreFn | None = No
     An environment's episodes were scored as they ended: returns the errors its `step` or `finish` raised."""
     if is_environment(task):
         return episode_errors(rollouts)
+    rollouts = [r for r in rollouts if r.status == "ok"]  # the others were ended unscored (a prompt too long)
     problems = [r.problem for r in rollouts]
     texts = [r.prefix + r.text for r in rollouts]
-    scores, errors = (score_fn or (lambda p, t: score_safely(task, p, t)))(problems, texts)
+    scores, errors = (
+        (score_fn or (lambda p, t: score_safely(task, p, t)))(problems, texts) if rollouts else ([], [])
+    )
     for r, s in zip(rollouts, scores):
         r.reward, r.correct, r.info, r.status = s.reward, s.correct, dict(s.info), s.status
     return errors
