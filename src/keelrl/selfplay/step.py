@@ -53,7 +53,7 @@ class ProposerPrompter:
     chat = None  # single-turn
 
     def __init__(self, run: Run) -> None:
-        self.run, self.tokenizer = run, run.tokenizer
+        self.run, self.tokenizer, self.limits = run, run.tokenizer, run.prompter.limits
 
     def __call__(self, index: int, problem: dict[str, Any]) -> tuple[list[int], str]:
         template, run = self.run.prompter.template, self.run
