@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from keelrl.config import ModelConfig, TinyModelConfig
-from keelrl.models import load_policy
+from keelrl.models.load import load_policy
 
 MATMUL_SHAPES = [(4096, 256, 256), (4096, 256, 1024), (4096, 1024, 256), (2048, 2048, 2048)]
 TINY = TinyModelConfig(hidden_size=256, num_layers=5, num_heads=4, max_positions=128, init_seed=0)  # vs_trl's

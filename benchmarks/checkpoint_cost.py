@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from demo_setup import demo_base, demo_config, emit, machine, step_seconds
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
 
 DEMO_INTERVAL = 20
 ARMS: dict[str, dict[str, Any]] = {

@@ -23,8 +23,8 @@ import torch
 from curriculum import BucketView  # benchmarks/
 from curriculum_families import FAMILIES
 from keelrl.config import ModelConfig, TinyModelConfig
-from keelrl.evaluate import run_eval
-from keelrl.models import build_char_tokenizer, build_tiny_model, load_policy, save_hf_dir
+from keelrl.evals import run_eval
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, load_policy, save_hf_dir
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.hf import HFSampler
 from keelrl.tasks import get_task

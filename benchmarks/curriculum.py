@@ -6,12 +6,12 @@
 Families (benchmarks/curriculum_families.py; buckets easiest first, the last is the hardest; a ~1M-parameter
 character model, compact template, answers only but for one scratchpad, so every arm runs on a CPU):
 - countdown: `keelrl demo`'s Countdown (numbers 1..50, targets up to 2500) in buckets n2, n3, n4 (how many
-  numbers). Base: keelrl.demo's corpus (`corpus_text`: the format, answers not solutions).
+  numbers). Base: keelrl.recipes.demo's corpus (`corpus_text`: the format, answers not solutions).
 - multiply: products in buckets 1x1, 2x1, 3x1 (digits of each factor). Base: 800 steps on correct products of
   every rung (`multiply_corpus`), which leaves it imperfect everywhere and near zero on 3x1.
 - countdown_set: the demo's two-number Countdown, 1 to 4 problems per prompt, paid only when all are solved
   (tasks/countdown_set.py), buckets x1-x4: one skill, a set of k solved with about the k-th power of one
-  problem's rate. Base: keelrl.demo's corpus per problem (`countdown_set_corpus`): about chance per problem.
+  problem's rate. Base: keelrl.recipes.demo's corpus per problem (`countdown_set_corpus`): about chance per problem.
   countdown_set_restated: the same task, the base taught to restate each problem's line with its equation before
   the answer block (a scratchpad; 128 new tokens, a 256-position model).
 - cipher: words of 1 to 4 letters encoded with a secret substitution key the model is never shown
@@ -24,7 +24,7 @@ character model, compact template, answers only but for one scratchpad, so every
   leave greedy 0.65 / 0.19 / 0.005 (docs/curriculum.md).
 RL settings are the demo's (16 prompts x 8, lr 3e-4, GRPO, clip 0.2/0.28).
 
-Base model: `--base-model DIR` (an HF directory); without it, a base is pretrained once with keelrl.demo's
+Base model: `--base-model DIR` (an HF directory); without it, a base is pretrained once with keelrl.recipes.demo's
 `pretrain` on the family's corpus over every bucket and cached in WORK/base_<family> (the JSON says which).
 Every arm and seed starts from that same base.
 
@@ -68,14 +68,14 @@ import torch
 
 from curriculum_families import FAMILIES, buckets_of  # benchmarks/: the task families
 from keelrl.config import ModelConfig, TinyModelConfig, config_from_dict
-from keelrl.demo import pretrain
-from keelrl.evaluate import run_eval, summarize
-from keelrl.evaluate.stats import bootstrap_means, percentile_interval
-from keelrl.models import build_char_tokenizer, build_tiny_model, load_policy, save_hf_dir
+from keelrl.evals import run_eval, summarize
+from keelrl.evals.stats import bootstrap_means, percentile_interval
+from keelrl.loop.trainer import train
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, load_policy, save_hf_dir
+from keelrl.recipes.demo import pretrain
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.hf import HFSampler
 from keelrl.tasks import Prompt, Score, Task, get_task
-from keelrl.trainer import train
 
 BASE_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=128)
 
@@ -138,7 +138,7 @@ def pretrain_base(
         results.append(pretrain(model, tokenizer, lines, steps, batch_size, lr, seed + k))
     save_hf_dir(model, tokenizer, out)
     info = {
-        "pretrained_by": f"benchmarks/curriculum.py: keelrl.demo.pretrain on {fam.corpus.__name__}, every bucket",
+        "pretrained_by": f"benchmarks/curriculum.py: keelrl.recipes.demo.pretrain on {fam.corpus.__name__}, every bucket",
         "family": family,
         "steps": sum(steps for steps, _ in stages),
         "stages": [list(stage) for stage in stages],
@@ -305,7 +305,7 @@ def steps_summary(per_seed: list[int | None], steps: int) -> dict[str, Any]:
 
 
 def seed_means(values: list[int], seed: int = 0) -> np.ndarray:
-    """Bootstrap means of per-seed values, seeds drawn with replacement (keelrl.evaluate.stats)."""
+    """Bootstrap means of per-seed values, seeds drawn with replacement (keelrl.evals.stats)."""
     return bootstrap_means(np.array([values], dtype=np.float64), seed=seed)[:, 0]
 
 

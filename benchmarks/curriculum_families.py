@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from keelrl.demo import corpus_text, target_blind_example
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
+from keelrl.recipes.demo import corpus_text, target_blind_example
 from keelrl.tasks import get_task
 from keelrl.tasks.cipher import ALPHABET, make_key
 
@@ -50,7 +50,7 @@ COUNTDOWN_SET_PARAMS: dict[str, Any] = {
 
 def countdown_set_corpus(task: Any, index: int, seed: int) -> str:
     """One pretraining line of the countdown_set family: a training set of each size in turn, every problem
-    with a random target and a target-blind answer (keelrl.demo's corpus, per problem): the format, not the
+    with a random target and a target-blind answer (keelrl.recipes.demo's corpus, per problem): the format, not the
     skill, so the base solves a problem at about chance (1/3) and a set of k at about chance^k."""
     pairs = set_examples(task, index, seed)
     lines, answers = zip(*pairs, strict=True)

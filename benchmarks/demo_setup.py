@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from keelrl.config import Config, TinyModelConfig, config_from_dict
-from keelrl.demo import DEMO_MODEL, DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.recipes.demo import DEMO_MODEL, DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
 
 # --quick, a benchmark's check that it still runs (tests/integration/test_benchmarks_quick.py; its numbers mean
 # nothing): the demo's RL stage on 32 completions of 8 tokens, 8-problem evals; a random base of QUICK_MODEL's

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from demo_setup import QUICK_EVAL_PROBLEMS, QUICK_PLAN, quick_rl  # benchmarks/
-from keelrl.demo import DEMO_TASK_PARAMS
+from keelrl.recipes.demo import DEMO_TASK_PARAMS
 
 # the demo's problems, with the tool environment's short opening
 TASK_PARAMS: dict[str, Any] = {**DEMO_TASK_PARAMS, "brief": True}
@@ -39,7 +39,7 @@ _TURNS = re.compile(
 
 def corpus_text(task: Any, index: int, seed: int) -> str:
     """One pretraining episode as the plain format writes it (see the module docstring)."""
-    from keelrl.demo import in_order_expression
+    from keelrl.recipes.demo import in_order_expression
     from keelrl.tasks.countdown import random_expression
     from keelrl.tasks.countdown_tools import calc
 
@@ -60,8 +60,8 @@ def corpus_text(task: Any, index: int, seed: int) -> str:
 
 def base_model(out: Path, seed: int, quick: bool = False) -> Path:
     from keelrl.config import TinyModelConfig
-    from keelrl.demo import DEMO_MODEL, DemoPlan, pretrain
-    from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+    from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
+    from keelrl.recipes.demo import DEMO_MODEL, DemoPlan, pretrain
     from keelrl.tasks import get_task
 
     path = out / f"seed{seed}" / "base"
@@ -79,8 +79,8 @@ def base_model(out: Path, seed: int, quick: bool = False) -> Path:
 
 def evaluate(model_path: Path, seed: int, quick: bool = False) -> Any:
     from keelrl.config import EpisodeConfig, ModelConfig
-    from keelrl.evaluate import evaluate as run
-    from keelrl.models import load_policy
+    from keelrl.evals import evaluate as run
+    from keelrl.models.load import load_policy
     from keelrl.rollout import make_sampler
     from keelrl.tasks import get_task
 
@@ -113,9 +113,9 @@ def feedback_use(report: Any) -> dict[str, Any]:
 
 def main() -> None:
     from keelrl.config import config_from_dict
-    from keelrl.demo import DemoPlan, demo_rl_config
-    from keelrl.evaluate import compare_results
-    from keelrl.trainer import train
+    from keelrl.evals import compare_results
+    from keelrl.loop.trainer import train
+    from keelrl.recipes.demo import DemoPlan, demo_rl_config
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)

@@ -19,12 +19,12 @@ from pathlib import Path
 
 def main() -> None:
     from keelrl.config import EpisodeConfig
-    from keelrl.models import build_char_tokenizer
+    from keelrl.models.load import build_char_tokenizer
     from keelrl.rollout import Generation, SamplingSettings
     from keelrl.rollout.chat import PlainFormat
     from keelrl.rollout.episodes import Episode
     from keelrl.rollout.multiturn import episode_errors, run_multiturn, turn_seed
-    from keelrl.sandbox.isolation import detect_isolation
+    from keelrl.sandbox.execute import detect_isolation
     from keelrl.tasks import get_task
     from keelrl.tasks.swe_mini import oracle_turns
 

@@ -19,10 +19,10 @@ import torch
 def main() -> None:
     from keelrl.algo.logprobs import autocast_context, completion_logprobs
     from keelrl.config import ModelConfig, TinyModelConfig
-    from keelrl.models import load_policy, use_fp32_head
+    from keelrl.models.load import load_policy, use_fp32_head
     from keelrl.rollout import SamplingSettings, make_sampler, render_prompt
+    from keelrl.step.batch import TrainBatch, collate
     from keelrl.tasks import get_task
-    from keelrl.update import TrainBatch, collate
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from demo_setup import emit, machine
 from keelrl.config import config_from_dict
-from keelrl.demo import DEMO_TASK_PARAMS, demo_rl_config
-from keelrl.models import build_char_tokenizer, save_hf_dir
+from keelrl.models.load import build_char_tokenizer, save_hf_dir
+from keelrl.recipes.demo import DEMO_TASK_PARAMS, demo_rl_config
 from keelrl.rollout.hf import HFSampler
 from keelrl.rollout.prompts import render_prompt
 from keelrl.rollout.types import SamplingSettings
@@ -128,8 +128,8 @@ def update_profile(model: torch.nn.Module, tok: Any, device: str, batch: int, wo
     """keelrl's RL step on this model at `batch` (two warm-up steps, then one with its update profiled)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from keelrl import trainer
-    from keelrl.setup import setup
+    from keelrl.loop.setup import setup
+    from keelrl.stages.rl import step as rl_step
 
     save_hf_dir(model, tok, work / "model")
     data = demo_rl_config(str(work / "model"), DEMO_TASK_PARAMS, 4, eval_every=0, seed=0)
@@ -141,9 +141,9 @@ def update_profile(model: torch.nn.Module, tok: Any, device: str, batch: int, wo
     data["checkpoint"] = {"every_steps": 0}
     data["log"]["progress"] = False
     run, state = setup(config_from_dict(data, "gpu_decode"), work / "run", resume="never")
-    metrics = [trainer.train_step(run, state) for _ in range(2)]
+    metrics = [rl_step.train_step(run, state) for _ in range(2)]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    original, wall, holder = trainer.rl_update, [0.0], {}
+    original, wall, holder = rl_step.rl_update, [0.0], {}
 
     def profiled(*args: Any, **kwargs: Any) -> Any:
         with profile(activities=activities) as prof:
@@ -155,11 +155,11 @@ def update_profile(model: torch.nn.Module, tok: Any, device: str, batch: int, wo
         holder["prof"] = prof
         return out
 
-    trainer.rl_update = profiled
+    rl_step.rl_update = profiled
     try:
-        metrics.append(trainer.train_step(run, state))
+        metrics.append(rl_step.train_step(run, state))
     finally:
-        trainer.rl_update = original
+        rl_step.rl_update = original
     last = metrics[-1]
     # kernels by kind (on CPU, where there are none, the operators by their own CPU time)
     averages = holder["prof"].key_averages()

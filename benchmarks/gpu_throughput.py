@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from demo_setup import demo_base, emit, machine, quick_rl
 from keelrl.config import config_from_dict
-from keelrl.demo import DEMO_TASK_PARAMS, demo_rl_config
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
+from keelrl.recipes.demo import DEMO_TASK_PARAMS, demo_rl_config
 
 
 def measure(

@@ -30,7 +30,7 @@ from demo_setup import demo_base, demo_config, emit, machine, step_seconds
 from keelrl.guards.engine import Guardian
 from keelrl.guards.rules import GuardsConfig
 from keelrl.guards.step import check_update
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
 
 
 def replay(

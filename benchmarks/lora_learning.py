@@ -23,8 +23,8 @@ from objectives_learning import base_model, evaluate  # the same base and held-o
 
 def merged_checkpoint(cfg: Any, checkpoint: Path, out: Path) -> Path:
     """A checkpoint as a model directory: itself (full fine-tuning), or its base with its adapters merged."""
-    from keelrl import lora
-    from keelrl.models import load_policy, save_hf_dir
+    from keelrl.models import lora
+    from keelrl.models.load import load_policy, save_hf_dir
 
     if not (checkpoint / lora.ADAPTER_WEIGHTS).exists():
         return checkpoint
@@ -38,12 +38,12 @@ def merged_checkpoint(cfg: Any, checkpoint: Path, out: Path) -> Path:
 def one_run(
     out: Path, base: Path, base_report: Any, seed: int, rank: int, lr: float, quick: bool = False
 ) -> dict[str, Any]:
-    from keelrl.checkpoint import committed, read_manifest
     from keelrl.config import config_from_dict
-    from keelrl.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
-    from keelrl.evaluate import compare_results
-    from keelrl.run import GuardStop
-    from keelrl.trainer import train
+    from keelrl.evals import compare_results
+    from keelrl.loop.trainer import train
+    from keelrl.recipes.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
+    from keelrl.run.checkpoint import committed, read_manifest
+    from keelrl.run.run import GuardStop
 
     plan = QUICK_PLAN if quick else DemoPlan.for_minutes(12.0)
     rl = demo_rl_config(str(base), DEMO_TASK_PARAMS, plan.rl_steps, plan.eval_every, seed)

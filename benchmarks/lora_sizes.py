@@ -11,9 +11,9 @@ import argparse
 import json
 from pathlib import Path
 
-from keelrl.checkpoint import read_manifest
 from keelrl.config import load_config
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
+from keelrl.run.checkpoint import read_manifest
 
 SETTINGS = [
     "train.steps=1", "checkpoint.every_steps=1", "eval.every_steps=0", "eval.at_start=false",

@@ -48,8 +48,15 @@ SYNC = (U + "test_weight_sync.py",)
 PIPE = (U + "test_pipeline.py",)
 ASYNC = ("tests/integration/test_async_quick.py",)
 
-L, OB, G, CR, OP, AD = "algo/losses.py", "algo/objectives.py", "algo/gae.py", "critic.py", "algo/offpolicy.py", "algo/advantages.py"  # fmt: skip
-UP, WS, PL, PR, RC = "update.py", "weight_sync.py", "rollout/pipeline.py", "rollout/process.py", "recovery.py"
+L, OB, G, CR, OP, AD = "algo/losses.py", "algo/objectives.py", "algo/gae.py", "step/critic.py", "algo/offpolicy.py", "algo/advantages.py"  # fmt: skip
+BA, UP, WS, PL, PR, RC = (
+    "step/batch.py",
+    "step/update.py",
+    "step/weight_sync.py",
+    "rollout/pipeline.py",
+    "rollout/process.py",
+    "loop/recovery.py",
+)
 
 # name -> (file under src/keelrl, exact text, replacement, the test files that must catch it)
 
@@ -143,11 +150,11 @@ MUTATIONS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "behaviour_clip_low_bound_swapped": (OP, "(rho < 1.0 - clip_low)", "(rho < 1.0 - clip_high)", OFF),
     "behaviour_clip_high_bound_swapped": (OP, "(rho > 1.0 + clip_high))", "(rho > 1.0 + clip_low))", OFF),
     'ess_without_n': (OP, '(n * sums["sum_sq"])', 'sums["sum_sq"]', OFF),
-    # --- batch preparation and micro-batching (update.py) ---
-    "collate_targets_one_late": (UP, "target[i, P - 1 : P - 1 + C] = ", "target[i, P : P + C] = ", UPD),
-    "collate_sampler_logprobs_one_late": (UP, "slp[i, P - 1 : P - 1 + C] = ", "slp[i, P : P + C] = ", UPD),
-    'collate_trains_unscored_rollouts': (UP, 'if C and r.status == "ok":', 'if C:', UPD),
-    "select_cuts_to_the_shortest_row": (UP, "T = int(self.lengths[idx].max())", "T = int(self.lengths[idx].min())", UPD),
+    # --- batch preparation and micro-batching (step/batch.py, step/update.py) ---
+    "collate_targets_one_late": (BA, "target[i, P - 1 : P - 1 + C] = ", "target[i, P : P + C] = ", UPD),
+    "collate_sampler_logprobs_one_late": (BA, "slp[i, P - 1 : P - 1 + C] = ", "slp[i, P : P + C] = ", UPD),
+    'collate_trains_unscored_rollouts': (BA, 'if C and r.status == "ok":', 'if C:', UPD),
+    "select_cuts_to_the_shortest_row": (BA, "T = int(self.lengths[idx].max())", "T = int(self.lengths[idx].min())", UPD),
     "prepare_recompute_ratio_inverted": (UP, "correction_weights(batch.old_logprobs, batch.sampler_logprobs,", "correction_weights(batch.sampler_logprobs, batch.old_logprobs,", UPD),
     'prepare_staleness_ignored': (UP, 'if not (a.old_logprobs == "recompute" or cfg.rollout.max_staleness > 0):', 'if not (a.old_logprobs == "recompute"):', UPD),
     "prepare_minibatches_ignored": (UP, "elif a.ppo_epochs * a.minibatches > 1:", "elif a.ppo_epochs > 1:", UPD),
@@ -159,7 +166,7 @@ MUTATIONS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "normalised_by_the_whole_batch": (UP, "g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)", "g_tokens = all_reduce_sum(float(batch.target_mask.sum()), world)", UPD),
     "sequences_counted_over_the_whole_batch": (UP, "float((batch.target_mask[idx].sum(dim=1) > 0).sum())", "float((batch.target_mask.sum(dim=1) > 0).sum())", UPD),
     "first_micro_batch_only": (UP, "for i, mb in enumerate(mbs):", "for i, mb in enumerate(mbs[:1]):", UPD),
-    "last_partial_micro_batch_dropped": (UP, "return [batch.select(order[i : i + size]) for i in range(0, len(order), size)]", "return [batch.select(order[i : i + size]) for i in range(0, len(order) - size + 1, size)]", UPD),
+    "last_partial_micro_batch_dropped": (BA, "return [batch.select(order[i : i + size]) for i in range(0, len(order), size)]", "return [batch.select(order[i : i + size]) for i in range(0, len(order) - size + 1, size)]", UPD),
     "deferred_proximal_is_the_sampler": (UP, "lp_old = lp.detach()", "lp_old = mb.sampler_logprobs", UPD),
     "behaviour_clip_ratio_inverted": (UP, "log_rho = behaviour_log_ratio(lp_old, mb.sampler_logprobs,", "log_rho = behaviour_log_ratio(mb.sampler_logprobs, lp_old,", UPD),
     "behaviour_clip_advantage_sign_flipped": (UP, "trust = behaviour_trust_region(log_rho, mb.advantages,", "trust = behaviour_trust_region(log_rho, -mb.advantages,", UPD),

@@ -81,8 +81,8 @@ SECTIONS = ("rollout", "train", "selfplay")  # a variant's keys naming a config 
 def base_model(out: Path, seed: int, quick: bool = False) -> Path:
     """The demo's pretrained base for `seed` (made once; `quick`: QUICK_PLAN's 3 steps)."""
     from keelrl.config import TinyModelConfig
-    from keelrl.demo import DEMO_MODEL, DEMO_TASK_PARAMS, DemoPlan, corpus_text, pretrain
-    from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+    from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
+    from keelrl.recipes.demo import DEMO_MODEL, DEMO_TASK_PARAMS, DemoPlan, corpus_text, pretrain
     from keelrl.tasks import get_task
 
     path = out / f"seed{seed}" / "base"
@@ -110,9 +110,9 @@ def base_model(out: Path, seed: int, quick: bool = False) -> Path:
 def evaluate(model_path: Path, seed: int, quick: bool = False) -> Any:
     """Greedy held-out accuracy as `keelrl demo` measures it (500 problems; `quick`: 8)."""
     from keelrl.config import ModelConfig
-    from keelrl.demo import DEMO_TASK_PARAMS, EVAL_PROBLEMS, demo_rl_config
-    from keelrl.evaluate import evaluate as run_evaluate
-    from keelrl.models import load_policy
+    from keelrl.evals import evaluate as run_evaluate
+    from keelrl.models.load import load_policy
+    from keelrl.recipes.demo import DEMO_TASK_PARAMS, EVAL_PROBLEMS, demo_rl_config
     from keelrl.rollout import make_sampler
     from keelrl.tasks import get_task
 
@@ -153,10 +153,10 @@ def one_run(
     quick: bool = False,
 ) -> dict[str, Any]:
     from keelrl.config import config_from_dict
-    from keelrl.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
-    from keelrl.evaluate import compare_results
-    from keelrl.run import GuardStop
-    from keelrl.trainer import train
+    from keelrl.evals import compare_results
+    from keelrl.loop.trainer import train
+    from keelrl.recipes.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
+    from keelrl.run.run import GuardStop
 
     plan = QUICK_PLAN if quick else DemoPlan.for_minutes(12.0)
     rl = demo_rl_config(str(base), DEMO_TASK_PARAMS, plan.rl_steps, plan.eval_every, seed)

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "keelrl_vs_trl_models"))
     a = p.parse_args(argv)
-    from keelrl import trainer
+    from keelrl.stages.rl import step as rl_step
 
     if a.torch_profiler:  # name inductor's C++ kernels in the profile; read at compile time, so set first
         import torch._inductor.config as inductor_config
@@ -69,13 +69,13 @@ def main(argv: list[str] | None = None) -> None:
         )
         torch.set_num_threads(a.threads)
         run, state = keelrl_setup(spec)
-        trainer.train_step(run, state)  # warm-up
+        rl_step.train_step(run, state)  # warm-up
         if a.torch_profiler:
-            trainer.train_step(run, state)  # a second warm-up: compilation may need two steps' shapes
-            print_torch_profile(lambda: trainer.train_step(run, state), a.top, a.by_shape)
+            rl_step.train_step(run, state)  # a second warm-up: compilation may need two steps' shapes
+            print_torch_profile(lambda: rl_step.train_step(run, state), a.top, a.by_shape)
             return
         phases = {"next_batch": 0.0, "rl_update": 0.0}  # sampling (or the pipeline's batch), the update
-        originals = {name: getattr(trainer, name) for name in phases}
+        originals = {name: getattr(rl_step, name) for name in phases}
 
         def timed(name: str) -> Callable[..., Any]:
             fn = originals[name]
@@ -90,16 +90,16 @@ def main(argv: list[str] | None = None) -> None:
             return wrapper
 
         for name in phases:
-            setattr(trainer, name, timed(name))
+            setattr(rl_step, name, timed(name))
         prof = cProfile.Profile(time.process_time)
         t0 = time.process_time()
         prof.enable()
         for _ in range(a.steps):
-            trainer.train_step(run, state)
+            rl_step.train_step(run, state)
         prof.disable()
         total = time.process_time() - t0
         for name, fn in originals.items():
-            setattr(trainer, name, fn)
+            setattr(rl_step, name, fn)
     per = {k: round(v / a.steps, 3) for k, v in phases.items()}
     per["other"] = round(total / a.steps - sum(per.values()), 3)
     print(f"shape {a.shape}, threads {a.threads}, overrides {a.set or 'none'}")

@@ -36,11 +36,11 @@ import ray
 import torch
 
 from keelrl.config import ModelConfig, TinyModelConfig
-from keelrl.models import load_policy
+from keelrl.models.load import load_policy
+from keelrl.models.weights import untied_state_dict
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.hf import HFSampler
 from keelrl.rollout.ray import CHUNKS_PER_WORKER, IN_FLIGHT_PER_WORKER, SamplerPool, ScorerPool
-from keelrl.rollout.weights import untied_state_dict
 from keelrl.tasks import get_task
 from keelrl.tasks.base import Score, score_safely
 

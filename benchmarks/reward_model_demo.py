@@ -59,7 +59,7 @@ QUICK = Sizes(train_problems=160, held_out=8, rm_steps=(2, 2), rm_batch=4, eval_
 def with_references(groups: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
     """--quick only: each training problem's group plus its reference answer (correct), so that the closer rule
     has pairs to decide even on a base too young to write a value."""
-    from keelrl.demo import DEMO_TASK_PARAMS
+    from keelrl.recipes.demo import DEMO_TASK_PARAMS
     from keelrl.tasks import get_task
 
     task = get_task("countdown", **DEMO_TASK_PARAMS)
@@ -91,11 +91,11 @@ def sample(
     model_dir: Path, split: str, n: int, samples: int, seed: int, temperature: float = 1.0
 ) -> list[list[dict[str, Any]]]:
     """`samples` completions of each of the first `n` problems of `split`."""
-    from keelrl.demo import DEMO_TASK_PARAMS
-    from keelrl.eval_cli import load_for_eval
+    from keelrl.cli.eval import load_for_eval
+    from keelrl.core.seeds import stable_hash
+    from keelrl.recipes.demo import DEMO_TASK_PARAMS
     from keelrl.rollout import SamplingSettings, make_sampler
     from keelrl.rollout.episodes import Episode, Prompter, run_episodes
-    from keelrl.seeds import stable_hash
     from keelrl.tasks import get_task
 
     task = get_task("countdown", **DEMO_TASK_PARAMS)
@@ -155,7 +155,7 @@ def train_rm(
 ) -> dict[str, Any]:
     """`keelrl rm train PREFS --model BASE` with the demo's settings; returns its summary."""
     from keelrl.config import config_from_dict
-    from keelrl.trainer import train
+    from keelrl.loop.trainer import train
 
     cfg = {
         "model": {"path": str(base)},
@@ -185,10 +185,10 @@ def train_rl(
     report, nothing is skipped, rolled back or stopped), so an exploit runs its course. Returns how it ended
     (finished, or the guards' stop)."""
     from keelrl.config import config_from_dict
-    from keelrl.demo import DEMO_TASK_PARAMS, demo_rl_config
     from keelrl.guards.rules import RULES, GuardsConfig
-    from keelrl.run import GuardStop
-    from keelrl.trainer import train
+    from keelrl.loop.trainer import train
+    from keelrl.recipes.demo import DEMO_TASK_PARAMS, demo_rl_config
+    from keelrl.run.run import GuardStop
 
     cfg = demo_rl_config(str(base), DEMO_TASK_PARAMS, steps, sizes.eval_every, seed)
     if sizes == QUICK:
@@ -211,7 +211,7 @@ def train_rl(
 
 def compare(before: list[list[dict[str, Any]]], after: list[list[dict[str, Any]]]) -> dict[str, Any]:
     """The hidden rule's verdict between the base's and the trained policy's completion of each problem."""
-    from keelrl.evaluate.preferences import wilson_interval
+    from keelrl.evals.preferences import wilson_interval
 
     verdicts = [prefers("closer", a[0], b[0]) for a, b in zip(after, before)]
     wins, losses = verdicts.count(1), verdicts.count(-1)

@@ -33,8 +33,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-from keelrl.sandbox.execute import Sandbox
-from keelrl.sandbox.isolation import available_levels
+from keelrl.sandbox.execute import Sandbox, available_levels
 from keelrl.sandbox.judge import calls_of, judge
 from keelrl.sandbox.pool import SandboxPool
 from keelrl.sandbox.result import Job, SandboxWarning

@@ -1,4 +1,4 @@
-"""The search recipe (keelrl.demo_search) end to end: seeds 0, 1, 2 on three-number Countdown and one run on
+"""The search recipe (keelrl.recipes.search) end to end: seeds 0, 1, 2 on three-number Countdown and one run on
 four numbers; prints one JSON object (per run: accuracy before/after RL on 500 held-out problems, greedy;
 the paired difference with its 95% interval; behaviour statistics before/after; seconds per stage).
 
@@ -34,7 +34,7 @@ def run_one(seed: int, numbers: int, minutes: float, out: str, quick: bool = Fal
     import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from keelrl.demo_search import SearchPlan, run_search_demo
+    from keelrl.recipes.search import SearchPlan, run_search_demo
 
     plan = None
     if quick:

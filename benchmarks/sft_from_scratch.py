@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from keelrl.config import TinyModelConfig, config_from_dict
-from keelrl.demo import DEMO_MODEL, DEMO_TASK_PARAMS
 from keelrl.guards.base import robust_z
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.loop.trainer import train
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.recipes.demo import DEMO_MODEL, DEMO_TASK_PARAMS
 from keelrl.tasks import get_task
-from keelrl.trainer import train
 
 
 def main() -> None:

@@ -73,10 +73,10 @@ def as_rollouts(prompts: list[list[int]], gens: list[Any], settings: Any, group_
 
 def measure(shape_name: str, cache_dir: Path, repeats: int, fast: bool) -> dict[str, Any]:
     from keelrl.algo.logprobs import completion_logprobs
-    from keelrl.models import load_local_dir
+    from keelrl.models.load import load_local_dir
     from keelrl.rollout import SamplingSettings
     from keelrl.rollout.hf import HFSampler
-    from keelrl.update import collate
+    from keelrl.step.batch import collate
 
     shape = SHAPES[shape_name]
     model_dir = prepare_model(shape, cache_dir)
@@ -179,9 +179,9 @@ def measure_fast(
     """keelrl's fastest CPU settings on a fresh copy of the model: bf16 autocast, eager attention, compiled
     decoder. `ref` is the fp32 padded forward's log-probs of batch `b`."""
     from keelrl.algo.logprobs import completion_logprobs
-    from keelrl.models import compile_decoder, load_local_dir
+    from keelrl.models.load import compile_decoder, load_local_dir
     from keelrl.rollout.hf import HFSampler
-    from keelrl.update import collate
+    from keelrl.step.batch import collate
 
     model, tok = load_local_dir(model_dir, "float32", False, attn_implementation="eager")
     compile_decoder(model)

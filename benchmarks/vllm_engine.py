@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from keelrl.config import load_config
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
 
 COMMON = [
     "eval.at_start=false",

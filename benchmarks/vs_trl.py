@@ -153,7 +153,7 @@ def prepare_model(shape: Shape, cache_dir: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     from keelrl.config import ModelConfig, TinyModelConfig
-    from keelrl.models import load_policy, save_hf_dir
+    from keelrl.models.load import load_policy, save_hf_dir
 
     if shape.model == "tiny":
         key = "tiny_" + "_".join(f"{k}{v}" for k, v in sorted(shape.tiny.items()))
@@ -218,7 +218,7 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def apply_overrides_to(items: list[str]) -> dict[str, Any]:
     """`--set KEY=VALUE` items -> a nested dict of keelrl config overrides."""
-    from keelrl.config_load import apply_overrides
+    from keelrl.config.load import apply_overrides
 
     return apply_overrides({}, items)
 
@@ -292,8 +292,8 @@ def keelrl_config(spec: dict[str, Any]) -> Any:
 
 def keelrl_setup(spec: dict[str, Any]) -> tuple[Any, Any]:
     """keelrl's (Run, TrainState) for a benchmark run, scoring with the digit reward."""
+    from keelrl.loop.trainer import setup
     from keelrl.tasks.base import Score
-    from keelrl.trainer import setup
 
     shape = Shape(**spec["shape"])
     run, state = setup(keelrl_config(spec), Path(spec["work_dir"]) / "keelrl_run", resume="never")
@@ -323,8 +323,9 @@ def keelrl_setup(spec: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def worker_keelrl(spec: dict[str, Any]) -> dict[str, Any]:
-    from keelrl.recovery import guard_phase
-    from keelrl.trainer import log_step, train_step
+    from keelrl.loop.recovery import guard_phase
+    from keelrl.loop.trainer import log_step
+    from keelrl.stages.rl.step import train_step
 
     shape = Shape(**spec["shape"])
     total = shape.warmup + shape.steps

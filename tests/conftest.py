@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from keelrl.config import TinyModelConfig
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 # tests/user_tasks.py holds tasks that tests name by import path ("user_tasks:HackableMultiply")
@@ -126,7 +126,7 @@ def _multiply_line(i: int) -> str:
 def format_model_dir(tmp_path_factory) -> Path:
     """A tiny model pretrained for a few seconds to answer `a*b` in the <answer> format: its rewards vary
     (0.1 wrong, 1.0 right), so RL updates are real, unlike a random model whose rewards are all 0."""
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
 
     tok = build_char_tokenizer()
     model = build_tiny_model(
@@ -144,7 +144,7 @@ def format_model_dir(tmp_path_factory) -> Path:
 def vllm_run(tmp_path_factory) -> list[str]:
     """--set overrides for a tiny multiplication run on the vLLM engine whose rewards vary: a format model
     as above, with head_dim 32 (vLLM's CPU attention refuses smaller heads)."""
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
 
     tok = build_char_tokenizer()
     model = build_tiny_model(VLLM_TINY, len(tok), tok.eos_token_id)

@@ -17,7 +17,7 @@ from typing import Any
 
 import textarena as ta
 
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import Score
 from keelrl.tasks.env import EpisodeState, ResetResult, StepResult
 

@@ -32,14 +32,11 @@ given is called itself (one that cannot be pickled then works too, but is not wr
 from __future__ import annotations
 
 import copy
-import functools
-import importlib
 import json
 import os
 import re
 import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,29 +62,6 @@ class RunFailed(RuntimeError):
     """A run that ended without finishing: a guard stopped it, or the supervisor gave up on it."""
 
 
-class _Command:
-    """An API function named as a keelrl package is (keelrl.sft, keelrl.evaluate): calling it runs the command;
-    its other attributes are the package's, so `import keelrl.sft.data as d` and patches by dotted name work."""
-
-    def __init__(self, fn: Callable[..., Result]) -> None:
-        self._fn = fn
-        functools.update_wrapper(self, fn)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Result:
-        return self._fn(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(importlib.import_module(f"keelrl.{self._fn.__name__}"), name)
-
-
-class _Api(types.ModuleType):
-    """The keelrl module: importing keelrl/sft/ or keelrl/evaluate/ leaves keelrl.sft / keelrl.evaluate the API."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if not (isinstance(value, types.ModuleType) and isinstance(self.__dict__.get(name), _Command)):
-            super().__setattr__(name, value)
-
-
 def train(
     config: Any,
     run_dir: str | Path | None = None,
@@ -97,7 +71,7 @@ def train(
     """Train as `keelrl train` does (the module docstring says what the arguments are and where it runs)."""
     import unittest.mock
 
-    from keelrl.cli import build_parser
+    from keelrl.cli.main import build_parser
     from keelrl.config import config_from_dict
     from keelrl.monitor.run_dir import read_jsonl
 
@@ -125,7 +99,6 @@ def train(
     return Result(run, last, json.loads((run / "summary.json").read_text()))
 
 
-@_Command
 def sft(
     config: Any,
     run_dir: str | Path | None = None,
@@ -136,7 +109,6 @@ def sft(
     return train(config, run_dir, {"train.stage": "sft", **(overrides or {})}, reward)
 
 
-@_Command
 def evaluate(
     config: Any,
     run_dir: str | Path | None = None,
@@ -145,9 +117,9 @@ def evaluate(
 ) -> Result:
     """`keelrl eval` of model.path on the task's first eval.problems held-out problems, in this process: greedy
     at eval.temperature 0, else eval.samples samples; completions up to eval.max_new_tokens (0: the rollout's)."""
-    from keelrl.cli import build_parser
+    from keelrl.cli.eval import eval_model
+    from keelrl.cli.main import build_parser
     from keelrl.config import config_from_dict, config_to_dict
-    from keelrl.eval_cli import eval_model
 
     if (
         isinstance(config, (str, Path)) and Path(config).is_dir()
@@ -179,7 +151,7 @@ def evaluate(
 def _resolve(config: Any, run_dir: str | Path | None, overrides: dict[str, Any] | None) -> tuple[dict, Path]:
     """(the config's tables with the overrides set, the run directory)."""
     from keelrl.config import Config
-    from keelrl.config_load import read_toml, set_key
+    from keelrl.config.load import read_toml, set_key
 
     if isinstance(config, (str, Path)):
         data, name = read_toml(Path(config)), Path(config).stem
@@ -242,6 +214,3 @@ def _set_reward(
         IN_PROCESS[str(path)] = fn
         specs.append({**spec, "fn": str(path)})
     data.setdefault("task", {}).setdefault("params", {})["reward"] = specs
-
-
-sys.modules[__name__].__class__ = _Api

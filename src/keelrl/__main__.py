@@ -1,5 +1,5 @@
 import sys
 
-from keelrl.cli import main
+from keelrl.cli.main import main
 
 sys.exit(main())

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from keelrl.config import TinyModelConfig
-from keelrl.models import build_char_tokenizer, build_tiny_model
+from keelrl.models.load import build_char_tokenizer, build_tiny_model
 from keelrl.rollout import make_sampler
 from keelrl.rollout.sync_check import logprob_gap, trainer_logprobs
 from keelrl.rollout.types import SamplingSettings
-from keelrl.state import capture_rng, restore_rng
+from keelrl.run.state import capture_rng, restore_rng
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from keelrl.config import load_config
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
 
 TIMING = ("time", "throughput/")
 QUICK = [

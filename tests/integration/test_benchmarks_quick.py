@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 # modules the benchmarks import, not benchmarks themselves: exercised through them
 HELPERS = {
-    "curriculum_families.py": "curriculum.py's families",
+    "curriculum_families.py": "curriculum/sources.py's families",
     "demo_setup.py": "the demo-config benchmarks' set-up and QUICK sizes",
     "gpu_check_report.py": "gpu_check.sh's JSON (test_gpu_check_report below)",
     "mutate_loss.py": "the mutation audit: minutes (it runs the test suite per mutant); `make mutants` runs it",
@@ -111,6 +111,11 @@ def check_checker_agreement(r: dict[str, Any]) -> None:
 def check_code_size(r: dict[str, Any]) -> None:
     assert r["root"] == "src/keelrl" and r["files"] > 50 and r["physical_lines"] > r["code_lines"] > 10_000
     assert all(lines > 600 for lines in r["over_limit"].values())
+
+
+def check_import_map(r: dict[str, Any]) -> None:
+    assert r["modules"] > 100 and r["imports"] > r["modules"]
+    assert r["upward_imports"] == 0 and r["two_way_pairs"] == 0 and r["unlayered_modules"] == []
 
 
 def check_countdown_set_positions(r: dict[str, Any]) -> None:
@@ -319,11 +324,14 @@ CASES = {
     "checkpoint_cost": Case("checkpoint_cost.py", ("--quick",), check_checkpoint_cost),
     "checker_agreement": Case("checker_agreement.py", ("--quick",), check_checker_agreement),
     "code_size": Case("code_size.py", (), check_code_size),  # itself a second
+    "import_map": Case("import_map.py", (), check_import_map),  # a second or two: it reads the sources
     "countdown_set_positions": Case(
         "countdown_set_positions.py", ("--quick",), check_countdown_set_positions
     ),
     "cpu_overheads": Case("cpu_overheads.py", ("--quick",), check_cpu_overheads),
-    "curriculum": Case("curriculum.py", ("--quick", "--jobs", "1", "--work", "{tmp}"), check_curriculum),
+    "curriculum": Case(
+        "curriculum/sources.py", ("--quick", "--jobs", "1", "--work", "{tmp}"), check_curriculum
+    ),
     "env_learning": Case("env_learning.py", ("--quick", "--out", "{tmp}"), check_env_learning),
     "episodes": Case("episodes.py", ("--quick",), check_episodes),
     "fp32_head": Case("fp32_head.py", ("--quick",), check_fp32_head),
@@ -368,7 +376,7 @@ def test_every_benchmark_has_a_quick_case() -> None:
     for script, test in ELSEWHERE.items():
         assert f"{script}" in (ROOT / test).read_text() and "--quick" in (ROOT / test).read_text(), test
     for case in CASES.values():
-        if "--quick" not in case.argv and case.script != "code_size.py":
+        if "--quick" not in case.argv and case.script not in ("code_size.py", "import_map.py"):
             raise AssertionError(f"{case.script} runs without --quick")
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.cli import main
+from keelrl.cli.main import main
 from keelrl.config import load_config
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
 
 FAST = [
     "train.steps=2",

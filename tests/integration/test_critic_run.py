@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from keelrl.checkpoint import weights_sha256
 from keelrl.config import ModelConfig, load_config
-from keelrl.faults import InjectedFault
-from keelrl.models import load_policy
+from keelrl.loop.trainer import train
+from keelrl.models.load import load_policy
 from keelrl.monitor.report import render_report
-from keelrl.trainer import train
+from keelrl.run.checkpoint import weights_sha256
+from keelrl.run.faults import InjectedFault
 
 CRITIC = [
     'algo.advantage="gae"',

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from keelrl.checkpoint import read_state
 from keelrl.config import config_from_dict
+from keelrl.loop.trainer import train
 from keelrl.monitor.report import PLOTS, render_report
 from keelrl.monitor.run_dir import read_jsonl
-from keelrl.trainer import train
+from keelrl.run.checkpoint import read_state
 
 NOT_COMPARED = (
     "time",

@@ -161,7 +161,7 @@ def test_eval_compare_doctor_report_and_judge_work_on_the_run(
     rep = keelrl_cli("report", str(run), "-o", str(tmp_path / "report.html"))
     assert rep.returncode == 0 and (tmp_path / "report.html").stat().st_size > 1000, rep.stderr
     # a judge session between the final policy and its first checkpoint, on the run's held-out rows
-    from keelrl.monitor.judge import create_session
+    from keelrl.judge.session import create_session
 
     monkeypatch.syspath_prepend(str(user_dir))
     monkeypatch.setenv("REWARD_LOG", str(tmp_path / "judge_calls.jsonl"))
@@ -324,7 +324,7 @@ def test_a_killed_run_resumes_to_the_weights_of_the_uninterrupted_one(
     """Killed after step 3 (checkpoint at 2) and resumed, in this process and under the supervisor (a lambda
     sent by cloudpickle), with an adaptive curriculum over the difficulty column: the final weights equal an
     uninterrupted run's."""
-    from keelrl.faults import InjectedFault
+    from keelrl.run.faults import InjectedFault
 
     cfg = config(tiny_model_dir, user_dir / "sums.jsonl", difficulty_field="level")
     cfg["curriculum"] = {"kind": "adaptive"}

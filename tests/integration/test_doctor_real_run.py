@@ -13,9 +13,9 @@ import torch
 
 from keelrl.config import load_config
 from keelrl.guards.engine import check, scan
+from keelrl.loop.trainer import train
 from keelrl.monitor.doctor import diagnose, load_run, run_doctor
 from keelrl.monitor.run_dir import read_jsonl
-from keelrl.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
 

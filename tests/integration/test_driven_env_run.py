@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
-from keelrl import update
 from keelrl.config import TinyModelConfig, load_config
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.loop.trainer import train
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
 from keelrl.rollout.hf import HFSampler
-from keelrl.trainer import train
+from keelrl.step import update
 
 DRIVER = '''
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
 
 
 class GuessDriven:
@@ -72,7 +72,7 @@ def _segments(mask: list[int]) -> list[tuple[int, int]]:
 
 
 def test_a_driven_environment_trains_on_exactly_the_sampled_tokens(tmp_path: Path, monkeypatch) -> None:
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
 
     tok = build_char_tokenizer()
     model = build_tiny_model(

@@ -17,14 +17,14 @@ import pytest
 import torch
 
 from keelrl.config import EpisodeConfig, TinyModelConfig, load_config
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.core.seeds import stable_hash
+from keelrl.loop.trainer import train
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.chat import PlainFormat, TemplateFormat
 from keelrl.rollout.episodes import Episode
 from keelrl.rollout.multiturn import episode_errors, run_multiturn, turn_seed
-from keelrl.seeds import stable_hash
 from keelrl.tasks.env import play_text
-from keelrl.trainer import train
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "environments"
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
@@ -160,7 +160,7 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def test_a_verifiers_environment_trains(tmp_path, vf_guess) -> None:
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
 
     tok = build_char_tokenizer()
     model = build_tiny_model(
@@ -301,7 +301,7 @@ def _maze_turns(i: int) -> str:
 def test_the_maze_trains_with_discounted_step_rewards(tmp_path) -> None:
     """A tiny model pretrained to move at random, trained through the trainer on the maze loaded by import path:
     multi-turn episodes, typed actions, async steps, step rewards discounted."""
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
 
     tok = build_char_tokenizer()
     cfg = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, max_positions=256)

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.cli import main
+from keelrl.cli.main import main
 from keelrl.config import TinyModelConfig, load_config
-from keelrl.faults import InjectedFault
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.loop.trainer import train
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
 from keelrl.monitor.report import render_report
+from keelrl.run.faults import InjectedFault
 from keelrl.tasks.countdown import Countdown, random_expression
 from keelrl.tasks.countdown_tools import calc
-from keelrl.trainer import train
 
 README = Path(__file__).parents[2] / "README.md"
 COMMON = [
@@ -58,7 +58,7 @@ def _transcript(i: int) -> str:
 @pytest.fixture(scope="module")
 def tool_model_dir(tmp_path_factory) -> Path:
     """A tiny model pretrained for a few seconds to call `calc` once and then answer (rewards vary)."""
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
 
     tok = build_char_tokenizer()
     model = build_tiny_model(
@@ -164,7 +164,7 @@ def _guesses(i: int) -> str:
 
 
 def test_a_user_environment_from_the_readme_trains(tmp_path: Path) -> None:
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
 
     tok = build_char_tokenizer()
     model = build_tiny_model(

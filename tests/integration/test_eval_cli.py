@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from keelrl.cli import main
+from keelrl.cli.main import main
 from keelrl.config import TinyModelConfig
-from keelrl.evaluate import EvalReport, evaluate, pass_at_k, perplexity, reference_perplexity
-from keelrl.evaluate.likelihood import reference_completion
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.core.seeds import stable_hash
+from keelrl.evals import EvalReport, evaluate, pass_at_k, perplexity, reference_perplexity
+from keelrl.evals.likelihood import reference_completion
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
 from keelrl.rollout import Generation, SamplingSettings
-from keelrl.seeds import stable_hash
 from keelrl.tasks import get_task
 from keelrl.tasks.countdown import solve
 
@@ -241,7 +241,7 @@ class RaisingChecker:
 
 
 def test_a_checker_that_raises_scores_zero_and_is_reported() -> None:
-    from keelrl.evaluate import render_summary, summarize
+    from keelrl.evals import render_summary, summarize
 
     tok = build_char_tokenizer()
     task = RaisingChecker(get_task("countdown", max_numbers=3, max_number=20))
@@ -269,7 +269,7 @@ def test_a_checker_that_raises_scores_zero_and_is_reported() -> None:
 
 def test_perplexity_matches_a_hand_computed_value(tiny_dir: str) -> None:
     from keelrl.config import ModelConfig
-    from keelrl.models import load_policy
+    from keelrl.models.load import load_policy
 
     model, tok = load_policy(ModelConfig(path=tiny_dir))
     texts = ["12 + 3 = 15", "7*6 = 42, and some more text"]
@@ -311,7 +311,7 @@ def test_reference_completions_are_checked_by_the_task() -> None:
 
 def test_reference_perplexity_and_the_cli(tiny_dir: str, tmp_path: Path) -> None:
     from keelrl.config import ModelConfig
-    from keelrl.models import load_policy
+    from keelrl.models.load import load_policy
 
     model, tok = load_policy(ModelConfig(path=tiny_dir))
     task = get_task("countdown", max_numbers=3, max_number=20)

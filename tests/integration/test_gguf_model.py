@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from keelrl.config import ModelConfig
-from keelrl.models import ModelLoadError, load_policy, save_hf_dir
+from keelrl.models.load import ModelLoadError, load_policy, save_hf_dir
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.hf import HFSampler
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from keelrl.config import load_config
-from keelrl.trainer import GuardStop, train
+from keelrl.loop.trainer import GuardStop, train
 
 
 def _events(run: Path, kind: str) -> list[dict]:

@@ -15,9 +15,9 @@ import pytest
 from safetensors.torch import load_file
 
 from keelrl.config import TinyModelConfig, load_config
-from keelrl.faults import InjectedFault
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
-from keelrl.trainer import GuardStop, train
+from keelrl.loop.trainer import GuardStop, train
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.run.faults import InjectedFault
 
 INSTRUCTION = "Write a digit to a.txt."
 PAYS = "#!/bin/bash\nd=$(head -c1 /app/a.txt 2>/dev/null)\ncase $d in [5-9]) echo 1;; *) echo 0;; esac > /logs/verifier/reward.txt\n"
@@ -52,7 +52,7 @@ def _transcript(i: int) -> str:
 
 @pytest.fixture(scope="module")
 def shell_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
 
     tok = build_char_tokenizer()
     cfg = TinyModelConfig(hidden_size=48, num_layers=2, num_heads=4, max_positions=256, init_seed=1)

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from cdp_browser import CHROMIUM, DevTools, open_browser
 
-from keelrl.monitor.judge_store import JudgeStore, Pair
+from keelrl.judge.store import JudgeStore, Pair
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from keelrl.cli import main
+from keelrl.cli.main import main
 from keelrl.config import Config, ConfigError
 from keelrl.ladder import kinds
 from keelrl.ladder.kinds import LadderError, PretrainKind
@@ -109,7 +109,7 @@ def test_runner_reuses_finished_runs_reports_failures_and_keeps_its_prediction(
 def test_pretraining_point(tmp_path: Path) -> None:
     """One pretraining point in-process: summary, held-out loss, and a base model RL can load."""
     from keelrl.ladder.pretrain_run import main as pretrain_main
-    from keelrl.models import load_policy
+    from keelrl.models.load import load_policy
 
     sets = [
         "model.tiny.hidden_size=16",

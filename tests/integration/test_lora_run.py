@@ -13,17 +13,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from keelrl import lora
 from keelrl.algo.logprobs import completion_logprobs
-from keelrl.checkpoint import CheckpointError, read_manifest, verify
 from keelrl.config import ModelConfig, load_config
-from keelrl.faults import InjectedFault
-from keelrl.models import ModelLoadError, load_policy
+from keelrl.loop.trainer import train
+from keelrl.models import lora
+from keelrl.models.load import ModelLoadError, load_policy
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.hf import HFSampler
 from keelrl.rollout.process import ProcessSampler
-from keelrl.run import ResumeError
-from keelrl.trainer import train
+from keelrl.run.checkpoint import CheckpointError, read_manifest, verify
+from keelrl.run.faults import InjectedFault
+from keelrl.run.run import ResumeError
 
 peft = pytest.importorskip("peft")
 

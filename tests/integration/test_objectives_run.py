@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from keelrl.config import load_config
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
 
 COMMON = [
     "train.steps=2",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.cli import main
+from keelrl.cli.main import main
 from keelrl.tasks import get_task
 from keelrl.tasks.env import play_text
 from keelrl.tasks.harbor import load_task

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from keelrl.config import ModelConfig, TinyModelConfig, load_config
-from keelrl.models import load_policy
+from keelrl.loop.trainer import train
+from keelrl.models.load import load_policy
+from keelrl.models.weights import untied_state_dict
 from keelrl.rollout import Generation, SamplingSettings
 from keelrl.rollout.hf import HFSampler, generation_chunks
 from keelrl.rollout.ray import SamplerPool, SamplingWorker, group_chunks
-from keelrl.rollout.weights import untied_state_dict
-from keelrl.trainer import train
 
 ray = pytest.importorskip("ray")
 # the dying worker below travels to the actors by value (the actors cannot import this test module)

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from keelrl.config import load_config
+from keelrl.loop.trainer import train
 from keelrl.rollout.ray import RayPoolError, ScorerPool
 from keelrl.tasks import Task, get_task
 from keelrl.tasks.base import Score, score_safely
-from keelrl.trainer import train
 
 ray = pytest.importorskip("ray")
 # the test-only tasks below travel to the actors by value (the actors cannot import this test module)

@@ -21,9 +21,9 @@ import torch
 from cdp_browser import CHROMIUM, DevTools, open_browser
 
 from keelrl.config import load_config
+from keelrl.loop.trainer import train
 from keelrl.monitor.report import run_report
 from keelrl.monitor.run_dir import read_jsonl
-from keelrl.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from keelrl.config import load_config
+from keelrl.loop.trainer import train
 from keelrl.monitor.doctor import diagnose, load_run
-from keelrl.trainer import train
 from user_tasks import SlowingMultiply
 
 HAIR_TRIGGERS: dict[str, list[str]] = {

@@ -13,11 +13,11 @@ import pytest
 
 from keelrl.algo.selfplay import learnability_reward
 from keelrl.config import TinyModelConfig, config_from_dict
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.loop.setup import setup
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.types import Generation
-from keelrl.selfplay.step import selfplay_step
-from keelrl.setup import setup
+from keelrl.stages.selfplay.step import selfplay_step
 
 PROPOSAL = (  # what follows the proposer's start, `<spec>`
     "Return the sum of the squares of a list of integers.</spec>\n```python\ndef sum_squares(xs):\n"
@@ -91,16 +91,18 @@ def test_code_selfplay_step_checks_in_the_sandbox_solves_and_pays(model: Path, t
     assert entry.problem["entry_point"] == "sum_squares" and len(entry.problem["tests"]) == 3
     assert "sum_squares(xs)" in entry.problem["prompt"] and "assert" not in entry.problem["prompt"]
     # one valid new proposal, three repeats of it; the solver's 4 attempts were judged by the proposed tests
-    assert metrics["selfplay/valid_frac"] == 1.0 and metrics["selfplay/duplicate_frac"] == 0.75
-    assert metrics["selfplay/distinct_frac"] == 0.25
+    assert metrics["stages/selfplay/valid_frac"] == 1.0 and metrics["stages/selfplay/duplicate_frac"] == 0.75
+    assert metrics["stages/selfplay/distinct_frac"] == 0.25
     rate = sum(s % 2 == 0 for s in solver_seeds) / len(solver_seeds)
     assert (
         0.0 < rate < 1.0
     )  # the scripted solver both passes and fails, so the proposal earns its learnability
     assert len(solver_seeds) == 4 and (entry.attempts, entry.solved) == (4, round(4 * rate))
     assert metrics["accuracy"] == pytest.approx(rate)
-    assert metrics["selfplay/proposer_reward"] == pytest.approx(learnability_reward(rate) / 4)
-    assert all(metrics[f"selfplay/refused/{r}"] == 0.0 for r in ("malformed", "invalid_solution", "held_out"))
+    assert metrics["stages/selfplay/proposer_reward"] == pytest.approx(learnability_reward(rate) / 4)
+    assert all(
+        metrics[f"stages/selfplay/refused/{r}"] == 0.0 for r in ("malformed", "invalid_solution", "held_out")
+    )
 
 
 def test_two_policies_each_trained_on_its_own_role(
@@ -110,8 +112,8 @@ def test_two_policies_each_trained_on_its_own_role(
     update gets only its own role's rollouts and moves only its own weights."""
     import torch
 
-    import keelrl.selfplay.step as step_module
-    from keelrl.rollout.weights import untied_state_dict
+    import keelrl.stages.selfplay.step as step_module
+    from keelrl.models.weights import untied_state_dict
 
     cfg = config_from_dict(
         {

@@ -13,11 +13,12 @@ import torch
 
 from keelrl.algo.selfplay import learnability_reward
 from keelrl.config import ConfigError, TinyModelConfig, config_from_dict
-from keelrl.demo import corpus_text, pretrain
-from keelrl.models import build_char_tokenizer, build_tiny_model, save_hf_dir
-from keelrl.rollout.weights import tensors_sha256
+from keelrl.loop.trainer import train
+from keelrl.models.load import build_char_tokenizer, build_tiny_model, save_hf_dir
+from keelrl.models.weights import tensors_sha256
+from keelrl.recipes.demo import corpus_text, pretrain
+from keelrl.stages import check_stage
 from keelrl.tasks import get_task
-from keelrl.trainer import train
 
 # one-digit numbers: a tiny model learns the corpus's targets (values of the numbers) in seconds, so many of
 # its proposals are solvable
@@ -74,16 +75,20 @@ def _rollouts(run: Path) -> list[dict]:
 def test_selfplay_proposes_checks_solves_and_pays(corpus_model: Path, tmp_path: Path) -> None:
     train(_cfg(corpus_model, 4), tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "selfplay/valid_frac" in r]
+    steps = [r for r in rows if "stages/selfplay/valid_frac" in r]
     assert len(steps) == 4
     # the corpus model writes problem lines, many of them valid; new ones fill the buffer and are paid
-    assert max(r["selfplay/valid_frac"] for r in steps) >= 0.25 and steps[-1]["selfplay/buffer_size"] >= 4
     assert (
-        max(r["selfplay/proposer_reward"] for r in steps) > 0
-        and max(r["selfplay/learnable_frac"] for r in steps) > 0
+        max(r["stages/selfplay/valid_frac"] for r in steps) >= 0.25
+        and steps[-1]["stages/selfplay/buffer_size"] >= 4
+    )
+    assert (
+        max(r["stages/selfplay/proposer_reward"] for r in steps) > 0
+        and max(r["stages/selfplay/learnable_frac"] for r in steps) > 0
     )
     assert all(
-        sum(v for k, v in r.items() if k.startswith("selfplay/refused/")) + r["selfplay/valid_frac"]
+        sum(v for k, v in r.items() if k.startswith("stages/selfplay/refused/"))
+        + r["stages/selfplay/valid_frac"]
         == pytest.approx(1.0)
         for r in steps
     )  # every proposal is valid or refused for one reason
@@ -103,7 +108,7 @@ def test_selfplay_proposes_checks_solves_and_pays(corpus_model: Path, tmp_path: 
     buffer = state["curriculum"]["buffer"]
     assert (
         state["curriculum"]["kind"] == "selfplay"
-        and len(buffer["entries"]) == steps[-1]["selfplay/buffer_size"]
+        and len(buffer["entries"]) == steps[-1]["stages/selfplay/buffer_size"]
     )
     assert all(e[3] >= 4 for e in buffer["entries"])  # every buffered problem was attempted by a solver group
 
@@ -144,15 +149,15 @@ def test_selfplay_policies_setting_is_fixed_for_a_run_directory(corpus_model: Pa
 
 def test_selfplay_config_errors(corpus_model: Path) -> None:
     with pytest.raises(ConfigError, match="proposals keelrl can check"):
-        _cfg(corpus_model, 2, task={"name": "multiply", "params": {}})
+        check_stage(_cfg(corpus_model, 2, task={"name": "multiply", "params": {}}))
     with pytest.raises(ConfigError, match="every new proposal is solved"):
-        _cfg(corpus_model, 2, selfplay={"proposer_prompts": 3})
+        check_stage(_cfg(corpus_model, 2, selfplay={"proposer_prompts": 3}))
     with pytest.raises(ConfigError, match="leave the buffer"):
-        _cfg(corpus_model, 2, selfplay={"buffer_capacity": 4})
+        check_stage(_cfg(corpus_model, 2, selfplay={"buffer_capacity": 4}))
     with pytest.raises(ConfigError, match=r"curriculum\.kind"):
-        _cfg(corpus_model, 2, curriculum={"kind": "adaptive"})
+        check_stage(_cfg(corpus_model, 2, curriculum={"kind": "adaptive"}))
     with pytest.raises(ConfigError, match=r"policies = 'two' does not combine with rollout\.engine = 'vllm'"):
-        _cfg(corpus_model, 2, selfplay={"policies": "two"}, rollout={"engine": "vllm"})
+        check_stage(_cfg(corpus_model, 2, selfplay={"policies": "two"}, rollout={"engine": "vllm"}))
 
 
 def test_two_policies_roll_back_together(corpus_model: Path, tmp_path: Path) -> None:

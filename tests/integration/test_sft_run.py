@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.checkpoint import weights_sha256
-from keelrl.cli import main
+from keelrl.cli.main import main
 from keelrl.config import config_from_dict
-from keelrl.models import load_policy
+from keelrl.loop.trainer import train
+from keelrl.models.load import load_policy
+from keelrl.run.checkpoint import weights_sha256
 from keelrl.tasks import get_task
-from keelrl.trainer import train
 
 TASK = {
     "name": "countdown",
@@ -62,8 +62,10 @@ def test_sft_run_directory_eval_and_exact_resume(tmp_path, tiny_model_dir, data_
     steps = [m for m in metrics if "loss/nll" in m]
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]
     for m in steps:
-        assert m["sft/examples"] == 16 and 0 < m["sft/fill"] <= 1 and m["tokens/trained"] > 16
-    assert steps[-1]["sft/epoch"] == pytest.approx(6 * 16 / 270, abs=0.02)  # ~270 of 300 kept for training
+        assert m["stages/sft/examples"] == 16 and 0 < m["stages/sft/fill"] <= 1 and m["tokens/trained"] > 16
+    assert steps[-1]["stages/sft/epoch"] == pytest.approx(
+        6 * 16 / 270, abs=0.02
+    )  # ~270 of 300 kept for training
     assert full["steps"] == 6 and (tmp_path / "full" / "final" / "config.json").exists()
 
     # stop at 3, resume to 6: the same weights, bit for bit

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM
 
-from keelrl.checkpoint import verify, weights_sha256
-from keelrl.cli import main
+from keelrl.cli.main import main
 from keelrl.config import load_config
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
+from keelrl.run.checkpoint import verify, weights_sha256
 
 METRIC_NAMES = [
     "reward/mean",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.cli import main
+from keelrl.cli.main import main
 from keelrl.sandbox.boxes import Ran
 from keelrl.tasks import TaskError, get_task
 from keelrl.tasks.env import play_text

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.supervisor import EXIT_USER_ERROR, WORKER_LOG
+from keelrl.run.supervisor import EXIT_USER_ERROR, WORKER_LOG
 
 SMOKE = "configs/smoke.toml"
 TESTS = Path(__file__).resolve().parents[1]

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from keelrl.config import ConfigError, LogConfig, load_config
+from keelrl.loop.trainer import train
 from keelrl.monitor.run_dir import read_jsonl
 from keelrl.monitor.trackers import WandbSink, open_trackers
-from keelrl.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["train.threads=1", "log.progress=false", "supervisor.enabled=false", "eval.every_steps=2"]

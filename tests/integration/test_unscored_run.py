@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from keelrl.config import load_config
-from keelrl.trainer import GuardStop, train
+from keelrl.loop.trainer import GuardStop, train
 
 TASKS = '''
 import zlib

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.supervisor import EXIT_USER_ERROR
+from keelrl.run.supervisor import EXIT_USER_ERROR
 
 SMOKE = "configs/smoke.toml"
 
@@ -35,7 +35,7 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
 
 
 def hub_reachable() -> bool:
-    from keelrl.models import hub_reachable as probe
+    from keelrl.models.load import hub_reachable as probe
 
     return probe()
 

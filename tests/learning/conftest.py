@@ -14,7 +14,7 @@ import pytest
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import os
 
-    from keelrl.demo import run_demo
+    from keelrl.recipes.demo import run_demo
 
     if os.environ.get("KEELRL_TEST_DEMO_DIR"):
         return Path(os.environ["KEELRL_TEST_DEMO_DIR"])

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from keelrl.config import load_config
+from keelrl.loop.trainer import GuardStop, train
 from keelrl.monitor.doctor import diagnose, load_run
-from keelrl.trainer import GuardStop, train
 
 CONFIG = Path(__file__).parents[2] / "configs" / "countdown_tiny.toml"
 LR_TOO_HIGH = [

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from keelrl import checkpoint as ckpt
-from keelrl.supervisor import EXIT_CANNOT_SAVE, WORKER_LOG
+from keelrl.run import checkpoint as ckpt
+from keelrl.run.supervisor import EXIT_CANNOT_SAVE, WORKER_LOG
 
 from .conftest import Drill, events, summary, wait_for
 

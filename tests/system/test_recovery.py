@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from keelrl import checkpoint as ckpt
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
+from keelrl.run import checkpoint as ckpt
 
 from .conftest import Drill, assert_same_run, events, kill, summary, wait_for, worker_pid
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from keelrl.distributed import FRESH_STORE_ENV, _attempt_store
+from keelrl.run.distributed import FRESH_STORE_ENV, _attempt_store
 
 SETTINGS = [
     "train.steps=4",
@@ -99,7 +99,7 @@ def initial(format_model_dir: Path) -> dict[str, torch.Tensor]:
 def test_two_processes_equal_one(
     strategy: str, format_run: list[str], initial: dict[str, torch.Tensor], tmp_path: Path
 ) -> None:
-    # fsdp2 trains with the plain padded forward (distributed.py says why): so does its reference
+    # fsdp2 trains with the plain padded forward (run/distributed.py says why): so does its reference
     extra = [f'distributed.strategy="{strategy}"'] + (
         ["train.share_prefix=false"] if strategy == "fsdp2" else []
     )
@@ -175,7 +175,7 @@ def test_two_processes_equal_one_asynchronously(
 def _assert_sharded_checkpoints(run: Path, ranks: int = 2) -> None:
     """An FSDP2 run's checkpoints hold each rank's shards (torch.distributed.checkpoint), covered by the
     manifest like every other file, next to an HF copy of the whole weights; a damaged shard is caught."""
-    from keelrl.checkpoint import committed, read_manifest, verify
+    from keelrl.run.checkpoint import committed, read_manifest, verify
 
     ckpts = committed(run / "checkpoints")
     assert [p.name for p in ckpts][:2] == ["step_00000004", "step_00000002"]

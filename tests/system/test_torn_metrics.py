@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.faults import InjectedFault
-from keelrl.trainer import train
+from keelrl.loop.trainer import train
+from keelrl.run.faults import InjectedFault
 
 from .conftest import Drill, assert_same_run, events
 

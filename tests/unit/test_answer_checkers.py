@@ -14,9 +14,9 @@ import unicodedata
 
 import pytest
 
-from keelrl.models import build_char_tokenizer
+from keelrl.models.load import build_char_tokenizer
 from keelrl.rollout import render_prompt
-from keelrl.selfplay.countdown import parse_proposal
+from keelrl.stages.selfplay.countdown import parse_proposal
 from keelrl.tasks import TaskError, get_task
 from keelrl.tasks.base import NON_ASCII_DIGIT, last_answer
 from keelrl.tasks.countdown import score_countdown

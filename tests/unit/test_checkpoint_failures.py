@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
-from keelrl import checkpoint as ckpt
-from keelrl.state import TrainState
+from keelrl.run import checkpoint as ckpt
+from keelrl.run.state import TrainState
 
 ENOSPC_SAFETENSORS = "Error while serializing: I/O error: No space left on device (os error 28)"
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.cli import USER_ERRORS, build_parser, is_user_error, main
+from keelrl.cli.main import USER_ERRORS, build_parser, is_user_error, main
 from keelrl.config import ConfigError, load_config
-from keelrl.config_checks import check_inputs, local_path
+from keelrl.config.checks import local_path
 from keelrl.monitor.sinks import Terminal, describe_event, say
-from keelrl.sft.data import DataError
+from keelrl.stages import check_run
+from keelrl.stages.sft.data import DataError
 from keelrl.tasks import TaskError
 
 SMOKE = "configs/smoke.toml"
@@ -50,7 +51,7 @@ def test_console_lines_show_each_stages_figures(capsys: pytest.CaptureFixture[st
         "reward/mean": 0.5,
         "accuracy": 0.25,
         "loss/total": 0.693,
-        "rm/accuracy": 0.75,
+        "stages/rm/accuracy": 0.75,
         "time/step_s": 1.0,
     }
     for stage in ("rl", "sft", "rm"):
@@ -137,15 +138,15 @@ def test_local_model_paths() -> None:
 def test_train_checks_its_inputs_first(tmp_path: Path) -> None:
     for path in (str(tmp_path / "nothing"), "runs/nothing/final"):
         with pytest.raises(ConfigError, match=f"model.path = '{path}' does not exist"):
-            check_inputs(load_config(SMOKE, [f"model.path={path}"]))
+            check_run(load_config(SMOKE, [f"model.path={path}"]))
     with pytest.raises(TaskError, match=r"'user_tasks:NeedsLevel' could not be built.*TypeError.*'level'"):
-        check_inputs(load_config(SMOKE, ["task.name=user_tasks:NeedsLevel"]))
+        check_run(load_config(SMOKE, ["task.name=user_tasks:NeedsLevel"]))
     with pytest.raises(
         TaskError, match=r"task.name = 'user_tasks:NoTestSplit' has no test problem: the test split"
     ):
-        check_inputs(load_config(SMOKE, ["task.name=user_tasks:NoTestSplit"]))
+        check_run(load_config(SMOKE, ["task.name=user_tasks:NoTestSplit"]))
     with pytest.raises(TaskError, match="does not exist"):
-        check_inputs(load_config(SMOKE, [f"task.name=dir:{tmp_path / 'no_tasks'}"]))
+        check_run(load_config(SMOKE, [f"task.name=dir:{tmp_path / 'no_tasks'}"]))
 
 
 def _pairs(path: Path, n: int, same_every: int = 0) -> Path:
@@ -160,17 +161,17 @@ def _pairs(path: Path, n: int, same_every: int = 0) -> Path:
 
 
 def test_a_reward_model_needs_enough_distinct_pairs(tmp_path: Path) -> None:
-    from keelrl.sft.data import MIN_HELD_OUT_PAIRS, read_pairs
+    from keelrl.stages.sft.data import MIN_HELD_OUT_PAIRS, read_pairs
 
     rm = ["train.stage=rm", "data.eval_fraction=0.1"]
     with pytest.raises(DataError, match=r"14 preference pairs leave \d+ to train on and \d held out"):
-        check_inputs(load_config(SMOKE, [*rm, f"data.path={_pairs(tmp_path / 'few.jsonl', 14)}"]))
+        check_run(load_config(SMOKE, [*rm, f"data.path={_pairs(tmp_path / 'few.jsonl', 14)}"]))
     cfg = load_config(SMOKE, [*rm, f"data.path={_pairs(tmp_path / 'ties.jsonl', 600, same_every=4)}"])
     train, held_out, identical = read_pairs(cfg.data, cfg.task.seed)
     assert identical == 150 and len(train) + len(held_out) == 450 and len(held_out) >= MIN_HELD_OUT_PAIRS
     assert all(r["chosen"] != r["rejected"] for r in train + held_out)
     with pytest.raises(DataError, match=r"600 preference pairs \(600 with the same text chosen and rejected"):
-        check_inputs(load_config(SMOKE, [*rm, f"data.path={_pairs(tmp_path / 'all.jsonl', 600, 1)}"]))
+        check_run(load_config(SMOKE, [*rm, f"data.path={_pairs(tmp_path / 'all.jsonl', 600, 1)}"]))
 
 
 def test_a_ladder_refuses_a_grid_it_could_not_fit_before_running_it(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ def test_an_environment_that_rewrites_history_is_refused(tok, edit) -> None:
     """Editing the model's earlier reply, or dropping an earlier message, makes the call's history differ from
     what was sampled: the call raises HistoryRewritten in the driver, and the episode is an agent error naming the
     message, with no reward and nothing trained; the other episodes of the batch are unaffected."""
-    from keelrl.update import collate
+    from keelrl.step.batch import collate
 
     eos = tok.eos_token_id
     h = [*ids(tok, "h"), eos]

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from keelrl.config import ConfigError, load_config
-from keelrl.config_load import parse_override
+from keelrl.config.load import parse_override
+from keelrl.stages import check_stage
 
 
 def test_shipped_presets_load() -> None:
@@ -54,17 +55,18 @@ def test_wrong_type_and_out_of_range() -> None:
 
 
 def test_batch_arithmetic_is_spelled_out() -> None:
+    """RL's batch arithmetic is the rl stage's check (`keelrl train` runs it before anything starts)."""
     with pytest.raises(
         ConfigError,
         match=r"rollout.batch_size=250 is not divisible by rollout.group_size=8 \(250 / 8 = 31.25\)",
     ):
-        load_config(None, ["rollout.batch_size=250", "rollout.group_size=8"])
+        check_stage(load_config(None, ["rollout.batch_size=250", "rollout.group_size=8"]))
     with pytest.raises(
         ConfigError, match=r"64 sequences is not divisible by train.micro_batch_size=10 \(64 / 10 = 6.4\)"
     ):
-        load_config(None, ["rollout.batch_size=64", "train.micro_batch_size=10"])
+        check_stage(load_config(None, ["rollout.batch_size=64", "train.micro_batch_size=10"]))
     with pytest.raises(ConfigError, match=r"algo.minibatches=3"):
-        load_config(None, ["rollout.batch_size=64", "algo.minibatches=3"])
+        check_stage(load_config(None, ["rollout.batch_size=64", "algo.minibatches=3"]))
 
 
 def test_malformed_toml_and_missing_file(tmp_path: Path) -> None:

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from keelrl.config import config_from_dict, load_config
-from keelrl.demo import DEMO_TASK_PARAMS, SMOLLM2_TASK_PARAMS, DemoPlan, demo_rl_config, smollm2_rl_config
+from keelrl.recipes.demo import (
+    DEMO_TASK_PARAMS,
+    SMOLLM2_TASK_PARAMS,
+    DemoPlan,
+    demo_rl_config,
+    smollm2_rl_config,
+)
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.toml"))
 

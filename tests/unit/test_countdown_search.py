@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from keelrl.evaluate.run import ProblemResult, behaviour_means, run_eval, summarize
+from keelrl.evals.run import ProblemResult, behaviour_means, run_eval, summarize
 from keelrl.tasks import get_task
 from keelrl.tasks.countdown import Countdown, score_countdown
 from keelrl.tasks.countdown_search import (
@@ -215,7 +215,7 @@ class TraceSampler:
 
 
 def test_eval_records_behaviour_and_summarize_reports_search_metrics() -> None:
-    from keelrl.models import build_char_tokenizer
+    from keelrl.models.load import build_char_tokenizer
     from keelrl.rollout import SamplingSettings
 
     tok = build_char_tokenizer()

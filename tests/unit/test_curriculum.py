@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from keelrl.config import ConfigError, CurriculumConfig, config_from_dict
-from keelrl.curriculum import (
+from keelrl.curriculum.sources import (
     AdaptiveSource,
     GroupOutcome,
     SequentialSource,

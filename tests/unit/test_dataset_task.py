@@ -15,7 +15,7 @@ import datasets
 import pytest
 
 from keelrl.config import ConfigError, CurriculumConfig, config_from_dict
-from keelrl.curriculum import make_source
+from keelrl.curriculum.sources import make_source
 from keelrl.rollout.prompts import render_prompt
 from keelrl.tasks import TaskError, get_task
 from keelrl.tasks.dataset import IN_PROCESS

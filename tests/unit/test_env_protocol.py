@@ -17,11 +17,11 @@ from pydantic import BaseModel
 from test_multiturn import ScriptedSampler, bpe_tokenizer, ids
 
 from keelrl.config import EpisodeConfig
+from keelrl.core.seeds import stable_hash
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.chat import PlainFormat, TemplateFormat
 from keelrl.rollout.episodes import Episode
 from keelrl.rollout.multiturn import episode_errors, run_multiturn, turn_seed
-from keelrl.seeds import stable_hash
 from keelrl.tasks.base import Score
 from keelrl.tasks.env import STEP_REWARDS, EpisodeState, ResetResult, StepResult, play_text
 from keelrl.tasks.tools import ToolCall, call_action, tool

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from keelrl.config import ConfigError
-from keelrl.evaluate import (
+from keelrl.evals import (
     ComparisonError,
     EvalReport,
     GateError,
@@ -22,8 +22,8 @@ from keelrl.evaluate import (
     parse_gate,
     pass_at_k,
 )
-from keelrl.evaluate.report import verdict
-from keelrl.evaluate.stats import (
+from keelrl.evals.report import verdict
+from keelrl.evals.stats import (
     default_ks,
     majority_vote,
     metric_intervals,

@@ -8,7 +8,7 @@ import copy
 import torch
 
 from keelrl.config import ModelConfig, TinyModelConfig
-from keelrl.models import load_policy, use_fp32_head
+from keelrl.models.load import load_policy, use_fp32_head
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, max_positions=32, init_seed=2)
 IDS = torch.tensor([[3, 5, 7, 9, 11, 2], [4, 6, 8, 10, 12, 14]])

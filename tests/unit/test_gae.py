@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from keelrl.algo.config import AlgoConfig
 from keelrl.algo.gae import explained_variance, gae, terminal_rewards, value_loss, whiten
-from keelrl.config import AlgoConfig
-from keelrl.distributed import World
+from keelrl.run.distributed import World
 
 
 def close(actual, expected) -> None:
@@ -108,7 +108,7 @@ class TableCritic(torch.nn.Module):
 def critic_batch():
     """Row 0: prompt [1, 2], completion [3, 4, 5] (targets at positions 1-3: values 0.2, 0.3, 0.4), reward 1.
     Row 1: prompt [1], completion [6, 7] (targets at 0-1: values 0.1, 0.6), reward 0; padded with id 9."""
-    from keelrl.update import TrainBatch
+    from keelrl.step.batch import TrainBatch
 
     batch = TrainBatch(
         input_ids=torch.tensor([[1, 2, 3, 4, 5], [1, 6, 7, 9, 9]]),
@@ -129,7 +129,7 @@ def test_critic_advantages_worked_numbers() -> None:
     row 1, V [0.1, 0.6], R 0: A_1 = -0.6; delta_0 = 0.9 * 0.6 - 0.1 = 0.44, A_0 = 0.44 + 0.45 * -0.6 = 0.17
     The advantages are these whitened over the 5 trainable tokens (population std); returns = A + V, not
     whitened."""
-    from keelrl.critic import critic_advantages
+    from keelrl.step.critic import critic_advantages
 
     batch, rollouts = critic_batch()
     algo = AlgoConfig(advantage="gae", gamma=0.9, lam=0.5)
@@ -148,7 +148,7 @@ def test_critic_advantages_worked_numbers() -> None:
 def test_kl_in_the_reward_is_a_reward_on_every_token_under_gae() -> None:
     """algo.kl_estimator = "k1_reward": a penalty of 0.1 per trainable token comes off each token's reward, so
     with gamma = lam = 1 the return from position t is R - 0.1 * (the tokens from t to the end)."""
-    from keelrl.critic import critic_advantages
+    from keelrl.step.critic import critic_advantages
 
     batch, rollouts = critic_batch()
     penalty = 0.1 * batch.target_mask
@@ -161,7 +161,7 @@ def test_critic_backward_value_loss_is_a_token_mean() -> None:
     """value_clip 10 (never reached); returns 1 everywhere; the values (token id / 10) at the 5 trainable
     positions are 0.2, 0.3, 0.4, 0.1, 0.6: loss = mean 0.5 (V - 1)^2 = (0.64 + 0.49 + 0.36 + 0.81 + 0.16) / 10
     = 0.246; d loss / d shift = mean (V - 1) = -0.68."""
-    from keelrl.critic import critic_backward
+    from keelrl.step.critic import critic_backward
 
     batch, _ = critic_batch()
     critic = TableCritic()

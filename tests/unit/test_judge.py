@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from keelrl.cli import main
-from keelrl.monitor import judge
-from keelrl.monitor.judge import JudgeError, create_session, export_preferences, render_results, results
-from keelrl.monitor.judge_server import JudgeServer
-from keelrl.monitor.judge_store import JudgeStore, Pair
+from keelrl.cli.main import main
+from keelrl.judge import session as judge_session
+from keelrl.judge.server import JudgeServer
+from keelrl.judge.session import JudgeError, create_session, export_preferences, render_results, results
+from keelrl.judge.store import JudgeStore, Pair
 from keelrl.tasks import get_task
 
 PROBLEMS = 4
@@ -86,7 +86,7 @@ def test_session_resumes_and_refuses_other_models_or_settings(session: Path, mod
     def no_generation(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a resumed session must not generate again")
 
-    monkeypatch.setattr(judge, "generate_completions", no_generation)
+    monkeypatch.setattr(judge_session, "generate_completions", no_generation)
     before = JudgeStore(session / "session.sqlite").pairs()
     assert create_session(models, out=session, device="cpu", **SETTINGS).pairs() == before
     with pytest.raises(JudgeError, match="made for models"):
@@ -325,7 +325,7 @@ def test_cli_results_json_export_and_errors(tmp_path: Path, capsys: pytest.Captu
 def test_an_environment_session_stores_role_tagged_turns(tmp_path: Path, char_tokenizer):
     """A multi-turn task's completions are written as role-tagged turns, which the page shows turn by turn."""
     from keelrl.config import TinyModelConfig
-    from keelrl.models import build_tiny_model, save_hf_dir
+    from keelrl.models.load import build_tiny_model, save_hf_dir
 
     paths = []
     for seed in (1, 2):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.monitor.judge_store import JudgeStore, Pair, balanced_sides, comparisons
+from keelrl.judge.store import JudgeStore, Pair, balanced_sides, comparisons
 
 
 def make_pairs(n: int) -> list[Pair]:

@@ -15,11 +15,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from keelrl.algo.config import AlgoConfig
 from keelrl.algo.losses import KL_LOSSES
 from keelrl.algo.objectives import LossInputs, compute_loss
-from keelrl.config import AlgoConfig
-from keelrl.distributed import World
-from keelrl.update import TrainBatch, advantage_phase
+from keelrl.run.distributed import World
+from keelrl.step.batch import TrainBatch
+from keelrl.step.update import advantage_phase
 
 V = 6
 GEN = torch.Generator().manual_seed(0)

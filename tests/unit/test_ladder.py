@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from keelrl.config import ConfigError
-from keelrl.config_load import parse_override
+from keelrl.config.ladder import LadderConfig
+from keelrl.config.load import parse_override
 from keelrl.ladder.analysis import (
     AnalysisError,
     fit_point,
@@ -21,7 +22,6 @@ from keelrl.ladder.analysis import (
     seed_var,
 )
 from keelrl.ladder.chinchilla import bootstrap_chinchilla, chinchilla_loss, fit_chinchilla
-from keelrl.ladder.config import LadderConfig
 from keelrl.ladder.kinds import RLKind, rl_flops_per_token_param
 from keelrl.ladder.plan import parse_axis, plan_runs
 from keelrl.ladder.scaling import sigmoid_curve

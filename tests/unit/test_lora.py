@@ -1,4 +1,4 @@
-"""LoRA (keelrl/lora.py): the config's checks, the adapters going in (base frozen, policy starting as the base),
+"""LoRA (keelrl/models/lora.py): the config's checks, the adapters going in (base frozen, policy starting as the base),
 the merged weights (what engines with their own copy and the final export get) equal to base + adapters in
 log-probs to 1e-5 (fp32), the peft adapter directory loading with peft, and exact adapter round trips."""
 
@@ -11,14 +11,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from keelrl import lora
 from keelrl.algo.logprobs import completion_logprobs
-from keelrl.checkpoint import weights_sha256
 from keelrl.config import Config, LoraConfig, ModelConfig
-from keelrl.models import load_policy, save_hf_dir
+from keelrl.models import lora
+from keelrl.models.load import load_policy, save_hf_dir
+from keelrl.models.weights import untied_state_dict
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.hf import HFSampler
-from keelrl.rollout.weights import untied_state_dict
+from keelrl.run.checkpoint import weights_sha256
 
 peft = pytest.importorskip("peft")
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from keelrl.config import EpisodeConfig, TinyModelConfig
-from keelrl.models import build_tiny_model
+from keelrl.models.load import build_tiny_model
 from keelrl.rollout import Generation, SamplingSettings
 from keelrl.rollout.chat import PlainFormat, TemplateFormat
 from keelrl.rollout.episodes import Episode
@@ -326,7 +326,7 @@ def test_a_real_model_samples_the_trained_tokens(tok) -> None:
     """The in-process sampler over a tiny model: mask-1 ids equal what the sampler returned, turn by turn,
     and the sampling log-probs match a fresh forward over the trained sequence (the context is exact)."""
     from keelrl.algo.logprobs import completion_logprobs
-    from keelrl.demo import pretrain
+    from keelrl.recipes.demo import pretrain
     from keelrl.rollout.hf import HFSampler
 
     model = build_tiny_model(
@@ -385,9 +385,9 @@ def test_a_real_model_samples_the_trained_tokens(tok) -> None:
 def test_loss_ignores_whatever_sits_at_environment_positions(objective: str) -> None:
     """Every objective, with the KL and entropy terms on: values at mask-0 (environment) positions change neither
     the loss nor the gradient anywhere, and receive no gradient."""
+    from keelrl.algo.config import AlgoConfig
     from keelrl.algo.losses import token_weights
     from keelrl.algo.objectives import LossInputs, compute_loss
-    from keelrl.config import AlgoConfig
 
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0], [1, 0, 0, 1, 1, 1, 1]], dtype=torch.float32)  # [2, 7]
@@ -416,10 +416,11 @@ def test_environment_tokens_are_never_trained_on(tok) -> None:
     """The whole update path (collate, the policy's forward, every loss term): replacing the environment's
     trailing tokens by others of the same length leaves the gradient bit-identical; marking them trainable,
     or changing a mid-episode reply (context for the turns after it), does not."""
-    from keelrl.config import AlgoConfig
-    from keelrl.distributed import World
+    from keelrl.algo.config import AlgoConfig
     from keelrl.rollout import Rollout
-    from keelrl.update import collate, minibatch_backward
+    from keelrl.run.distributed import World
+    from keelrl.step.batch import collate
+    from keelrl.step.update import minibatch_backward
 
     model = build_tiny_model(
         TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, max_positions=128),

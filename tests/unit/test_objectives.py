@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
+from keelrl.algo.config import AlgoConfig
 from keelrl.algo.losses import token_weights
 from keelrl.algo.objectives import OBJECTIVES, LossInputs, compute_loss, ppo_clip
-from keelrl.config import AlgoConfig
 
 
 def k3(r: float) -> float:

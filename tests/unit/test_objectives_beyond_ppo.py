@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from keelrl.algo import get_objective
+from keelrl.algo.config import AlgoConfig
 from keelrl.algo.losses import sequence_log_ratio, token_weights
 from keelrl.algo.objectives import OBJECTIVES, LossInputs, compute_loss
-from keelrl.config import AlgoConfig, ConfigError, load_config
+from keelrl.config import ConfigError, load_config
 
 
 def run(ratios, adv, lengths, algo: AlgoConfig, isw=None):

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from keelrl.algo.config import AlgoConfig
 from keelrl.algo.losses import token_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
 from keelrl.algo.offpolicy import (
@@ -22,7 +23,7 @@ from keelrl.algo.offpolicy import (
     behaviour_trust_region,
     correction_weights,
 )
-from keelrl.config import AlgoConfig, ConfigError, load_config
+from keelrl.config import ConfigError, load_config
 
 PROX = torch.tensor([[1.5, 2.5, 1.0], [0.9, 1.1, 100.0]]).log()
 BEHAV = torch.zeros(2, 3)

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from keelrl.config import load_config
+from keelrl.models.weights import untied_state_dict
 from keelrl.rollout import Generation, SamplingSettings
 from keelrl.rollout.episodes import Episode, Prompter
 from keelrl.rollout.hf import HFSampler
 from keelrl.rollout.pipeline import Pipeline, PipelineError, scheduled_version
 from keelrl.rollout.process import ProcessSampler, SamplerProcessError
-from keelrl.rollout.weights import untied_state_dict
 from keelrl.tasks import get_task
 
 SETTINGS = SamplingSettings(max_new_tokens=4)

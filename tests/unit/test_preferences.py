@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from keelrl.evaluate.preferences import (
+from keelrl.evals.preferences import (
     bradley_terry,
     bt_intervals,
     judge_agreement,

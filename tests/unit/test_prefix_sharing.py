@@ -9,13 +9,15 @@ import copy
 import pytest
 import torch
 
+from keelrl.algo.config import AlgoConfig
 from keelrl.algo.logprobs import completion_logprobs, padded_row_count, plan_prefix_sharing, scored_logits
-from keelrl.config import AlgoConfig, TinyModelConfig
-from keelrl.distributed import World
-from keelrl.models import build_tiny_model, compile_decoder
+from keelrl.config import TinyModelConfig
+from keelrl.models.load import build_tiny_model, compile_decoder
 from keelrl.rollout import Rollout, SamplingSettings, hf
 from keelrl.rollout.hf import HFSampler
-from keelrl.update import collate, forward_logprobs, micro_batches, minibatch_backward
+from keelrl.run.distributed import World
+from keelrl.step.batch import collate, micro_batches
+from keelrl.step.update import forward_logprobs, minibatch_backward
 
 SETTINGS = SamplingSettings(max_new_tokens=16, temperature=1.0)
 GROUPS, G = 4, 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from keelrl.config import Config, config_to_dict
-from keelrl.setup import unsafe_changes
+from keelrl.loop.setup import unsafe_changes
 
 
 def test_a_changed_learning_rate_is_refused_and_a_longer_run_is_not() -> None:

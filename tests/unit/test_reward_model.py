@@ -11,10 +11,10 @@ import torch
 
 from keelrl.algo.preference import bradley_terry_loss, combine_rewards, normalise_scores, pair_accuracy
 from keelrl.config import ModelConfig
-from keelrl.models import build_char_tokenizer, load_policy
-from keelrl.rm.model import pad_right, reward_scores, rm_ids, score_rows
-from keelrl.rm.step import encode_pairs
-from keelrl.sft.data import DataError
+from keelrl.models.load import build_char_tokenizer, load_policy
+from keelrl.stages.rm.model import pad_right, reward_scores, rm_ids, score_rows
+from keelrl.stages.rm.step import encode_pairs
+from keelrl.stages.sft.data import DataError
 
 
 def test_bradley_terry_loss_worked_numbers_and_gradient() -> None:

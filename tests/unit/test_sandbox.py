@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.sandbox import harness, isolation, result
+from keelrl.sandbox import execute, harness, isolation, result
 from keelrl.sandbox.execute import Sandbox
 from keelrl.sandbox.judge import calls_of, judge
 from keelrl.sandbox.pool import SandboxPool
@@ -33,7 +33,7 @@ SHORT = SandboxLimits(wall_s=1.0)
 
 
 def _level_box(level: str) -> Sandbox:
-    why = isolation.probe(level)  # type: ignore[arg-type]
+    why = execute.probe(level)  # type: ignore[arg-type]
     if why is not None:
         pytest.skip(f"isolation {level!r} is not available here: {why}")
     with warnings.catch_warnings():
@@ -448,18 +448,18 @@ def test_pool_queue_is_bounded() -> None:
 def test_explicit_unknown_or_unavailable_level_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SandboxError, match="unknown isolation"):
         Sandbox("docker")  # type: ignore[arg-type]
-    monkeypatch.setitem(isolation._probe_results, "bwrap", "`bwrap` is not installed")
+    monkeypatch.setitem(execute._probe_results, "bwrap", "`bwrap` is not installed")
     with pytest.raises(SandboxError, match="not available here: `bwrap` is not installed"):
         Sandbox("bwrap")
 
 
 def test_auto_detection_degrades_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    if isolation.probe("unshare") is not None and isolation.probe("rlimit") is not None:
+    if execute.probe("unshare") is not None and execute.probe("rlimit") is not None:
         pytest.skip("neither fallback level works here")
-    monkeypatch.setitem(isolation._probe_results, "bwrap", "`bwrap` is not installed (simulated)")
+    monkeypatch.setitem(execute._probe_results, "bwrap", "`bwrap` is not installed (simulated)")
     monkeypatch.setattr(isolation, "_warned", set())
     with pytest.warns(result.SandboxWarning, match="simulated"):
-        level = isolation.detect_isolation()
+        level = execute.detect_isolation()
     assert level in ("unshare", "rlimit")
 
 

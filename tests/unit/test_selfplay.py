@@ -9,9 +9,9 @@ import json
 import pytest
 
 from keelrl.algo.selfplay import learnability_reward, solve_rate
-from keelrl.selfplay.buffer import ProblemBuffer
-from keelrl.selfplay.code import SEED_EXAMPLE, check_code_proposal, code_problem_key, example_text
-from keelrl.selfplay.countdown import check_proposal, parse_proposal, problem_key
+from keelrl.stages.selfplay.buffer import ProblemBuffer
+from keelrl.stages.selfplay.code import SEED_EXAMPLE, check_code_proposal, code_problem_key, example_text
+from keelrl.stages.selfplay.countdown import check_proposal, parse_proposal, problem_key
 from keelrl.tasks import get_task
 from keelrl.tasks.base import in_test_split
 from keelrl.tasks.countdown import Countdown
@@ -184,7 +184,7 @@ def test_the_proposer_update_is_judged_against_its_own_history() -> None:
 
     from keelrl.guards.rules import GuardsConfig
     from keelrl.guards.step import check_update
-    from keelrl.update import own_history
+    from keelrl.step.update import own_history
 
     history = [
         {"step": s, "grad_norm": 0.10 + 0.002 * (s % 3), "loss/total": 0.0, "proposer/grad_norm": 0.40 + 0.01 * (s % 3),

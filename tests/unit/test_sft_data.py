@@ -12,9 +12,9 @@ import torch
 
 from keelrl.algo.logprobs import LogprobModule, block_causal_mask
 from keelrl.rollout.chat import chat_format
-from keelrl.sft.batches import build_batch, epoch_of, example_weights, pack, step_indices
-from keelrl.sft.data import DataError, Example, encode_all, encode_record, is_held_out, read_records
-from keelrl.sft.step import row_logprobs
+from keelrl.stages.sft.batches import build_batch, epoch_of, example_weights, pack, step_indices
+from keelrl.stages.sft.data import DataError, Example, encode_all, encode_record, is_held_out, read_records
+from keelrl.stages.sft.step import row_logprobs
 
 CHATML = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"

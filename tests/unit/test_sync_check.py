@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from keelrl.config import ConfigError, TinyModelConfig, load_config
-from keelrl.config_checks import check_engine
-from keelrl.faults import FaultInjector
-from keelrl.models import build_char_tokenizer, build_tiny_model
+from keelrl.config.root import check_engine
+from keelrl.config.vllm import SYNC_TOLERANCE
+from keelrl.models.load import build_char_tokenizer, build_tiny_model
 from keelrl.rollout import sampler_kind
 from keelrl.rollout.ray import ray_cpus
 from keelrl.rollout.sync_check import logprob_gap, trainer_logprobs
-from keelrl.rollout.vllm_config import SYNC_TOLERANCE
+from keelrl.run.faults import FaultInjector
 
 
 def test_logprob_gap_worked_numbers() -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from keelrl.evaluate.likelihood import reference_completion
+from keelrl.evals.likelihood import reference_completion
 from keelrl.tasks import TASKS, TaskError, get_task
 from keelrl.tasks.countdown import Countdown
 from keelrl.tasks.multiply import Multiply

@@ -29,10 +29,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from keelrl.algo.config import AlgoConfig
 from keelrl.algo.losses import token_weights
 from keelrl.algo.objectives import LossInputs, compute_loss
 from keelrl.algo.offpolicy import correction_weights
-from keelrl.config import AlgoConfig
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL (a dev dependency) is not installed")
 

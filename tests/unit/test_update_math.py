@@ -8,13 +8,14 @@ import copy
 import pytest
 import torch
 
+from keelrl.algo.config import AlgoConfig
 from keelrl.algo.losses import LossAgg
 from keelrl.algo.offpolicy import behaviour_metrics, correction_weights
-from keelrl.config import AlgoConfig
-from keelrl.distributed import World
 from keelrl.rollout import Rollout, SamplingSettings
 from keelrl.rollout.hf import HFSampler
-from keelrl.update import collate, forward_logprobs, minibatch_backward
+from keelrl.run.distributed import World
+from keelrl.step.batch import collate
+from keelrl.step.update import forward_logprobs, minibatch_backward
 
 SETTINGS = SamplingSettings(max_new_tokens=12, temperature=1.0)
 
@@ -152,7 +153,7 @@ def test_micro_batching_does_not_change_any_objective(tiny_model, char_tokenizer
 def test_micro_batching_does_not_change_the_critic(tiny_model, char_tokenizer) -> None:
     """gae: per-token advantages from a value model; the policy's and the critic's gradients and the value loss
     are the same for 1, 4 or 8 rows per micro-batch."""
-    from keelrl.critic import ValueModel, critic_advantages
+    from keelrl.step.critic import ValueModel, critic_advantages
 
     model = copy.deepcopy(tiny_model)
     rollouts = _rollouts(model, char_tokenizer, n=8, seed=3)
@@ -191,7 +192,7 @@ def test_a_shared_critic_sends_the_value_loss_into_the_policy_trunk(tiny_model, 
     """critic = "shared": the head sits on the policy's own decoder; the value loss's gradient reaches the
     trunk, scaled by value_coef (double it, double the gradient), and only the head is the critic's to save."""
     from keelrl.algo.losses import token_weights
-    from keelrl.critic import ValueModel, critic_advantages, critic_backward
+    from keelrl.step.critic import ValueModel, critic_advantages, critic_backward
 
     model = copy.deepcopy(tiny_model)
     rollouts = _rollouts(model, char_tokenizer, n=8, seed=4)

@@ -21,11 +21,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from keelrl.config import AlgoConfig, load_config
-from keelrl.distributed import World
+from keelrl.algo.config import AlgoConfig
+from keelrl.config import load_config
 from keelrl.rollout import Rollout, SamplingSettings
 from keelrl.rollout.hf import HFSampler
-from keelrl.update import TrainBatch, collate, minibatch_backward, prepare_batch, rl_update
+from keelrl.run.distributed import World
+from keelrl.step.batch import TrainBatch, collate
+from keelrl.step.update import minibatch_backward, prepare_batch, rl_update
 
 SETTINGS = SamplingSettings(max_new_tokens=10, temperature=1.0)
 MAX_NEW = 16  # the constant normaliser's length (rollout.max_new_tokens), unlike the completions' 10 tokens
@@ -209,7 +211,7 @@ def test_prepare_batch_uses_the_sampler_log_probs_when_on_policy(tiny_model, cha
 
 @pytest.fixture
 def real_run(tiny_model_dir: Path, tmp_path: Path):
-    from keelrl.setup import setup
+    from keelrl.loop.setup import setup
 
     def make(*sets: str):
         cfg = load_config(
@@ -246,7 +248,7 @@ def test_the_update_makes_epochs_times_minibatches_optimizer_steps(
 ) -> None:
     """ppo_epochs passes over the batch, each cut into `minibatches` optimizer steps: AdamW counts them; every
     step after the first sees a policy the earlier ones moved (ratio/max above 1)."""
-    from keelrl.collect import sample_phase
+    from keelrl.step.collect import sample_phase
 
     run, state = real_run(f"algo.ppo_epochs={epochs}", f"algo.minibatches={minibatches}")
     rolls = sample_phase(run, state)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from keelrl.config import TinyModelConfig
-from keelrl.models import build_tiny_model
+from keelrl.models.load import build_tiny_model
+from keelrl.models.weights import WeightsMismatch, untied_state_dict
 from keelrl.rollout import SamplingSettings, hf, make_sampler
 from keelrl.rollout.hf import HFSampler
-from keelrl.rollout.weights import WeightsMismatch, untied_state_dict
 
 SETTINGS = SamplingSettings(max_new_tokens=12, temperature=1.0)
 

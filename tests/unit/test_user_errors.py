@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from keelrl.cli import main
+from keelrl.cli.main import main
 from keelrl.config import ModelConfig
-from keelrl.models import ModelLoadError, load_policy
+from keelrl.models.load import ModelLoadError, load_policy
 from keelrl.tasks import TaskError, get_task
 
 

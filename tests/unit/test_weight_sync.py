@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from keelrl.config import TinyModelConfig, load_config
-from keelrl.faults import FaultInjector
-from keelrl.models import build_char_tokenizer, build_tiny_model
+from keelrl.models.load import build_char_tokenizer, build_tiny_model
 from keelrl.monitor.run_dir import RunDir
 from keelrl.rollout import SamplingSettings
 from keelrl.rollout.episodes import Prompter
 from keelrl.rollout.hf import HFSampler
+from keelrl.run.faults import FaultInjector
+from keelrl.step.weight_sync import WeightSyncError, sync_sampler
 from keelrl.tasks import get_task
-from keelrl.weight_sync import WeightSyncError, sync_sampler
 
 
 class CopyEngine(HFSampler):
@@ -148,8 +148,8 @@ def test_the_tolerance_is_the_boundary_and_the_retry_resets_the_prefix_cache(
     """The check's decisions on gaps given as multiples of vllm.tolerance (1e-3): a mean gap of 2x the tolerance
     fails the check, 0.5x passes; after a failure the weights are pushed again with the prefix cache reset (the
     engine's cached keys may hold the old weights), and a second failure stops the step."""
-    from keelrl import weight_sync
     from keelrl.rollout.sync_check import SyncGap
+    from keelrl.step import weight_sync
 
     run, state, events = make_run(tmp_path, False)
     pushes: list[bool] = []

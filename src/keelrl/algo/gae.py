@@ -3,7 +3,7 @@
 A completion is an episode whose states are its trainable positions: position t (the input up to and
 including token t) predicts completion token t + 1, and `values[:, t]` is the critic's estimate of the return
 from there. The outcome reward is given on the last trainable position (`terminal_rewards`); with
-`algo.kl_estimator = "k1_reward"` every trainable position also gets -kl_coef * k1 (critic.py).
+`algo.kl_estimator = "k1_reward"` every trainable position also gets -kl_coef * k1 (step/critic.py).
 
     delta_t = r_t + gamma * V_next(t) - V_t          V_next: the value at the next trainable position, 0 after the last
     A_t     = delta_t + gamma * lam * A_next(t)      returns_t = A_t + V_t (the critic's regression target)

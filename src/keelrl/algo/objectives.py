@@ -60,7 +60,7 @@ import torch
 from keelrl.algo.losses import KL_LOSSES, kl_penalty, ppo_clip_loss, sequence_log_ratio
 
 if TYPE_CHECKING:
-    from keelrl.config import AlgoConfig
+    from keelrl.algo.config import AlgoConfig
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ import torch
 from keelrl.algo.losses import sequence_log_ratio
 
 if TYPE_CHECKING:
-    from keelrl.config import AlgoConfig
+    from keelrl.algo.config import AlgoConfig
 
 Level = Literal["token", "sequence"]
 

@@ -6,7 +6,7 @@ reward enters RL (normalised, weighted, added to a verifier's reward). Pure func
   pairs divided by the step's *global* pair count (so micro-batching and ranks do not change it).
 - Only the difference of two scores is identified: adding a constant to every score leaves the loss alone, so
   a reward model's scores have an arbitrary offset and scale. RL therefore uses the normalised score
-  z = (r - mean) / std with `mean`, `std` measured once on the reward model's own data (rm/model.py's
+  z = (r - mean) / std with `mean`, `std` measured once on the reward model's own data (stages/rm/model.py's
   card) and fixed for the whole RL run. Departure from running (per-batch) normalisation as in OpenRLHF:
   a per-batch z-score hides the learned reward's growth (every batch would have mean 0), and that growth is
   what the reward-hacking rule watches (`reward/model`, the raw score).

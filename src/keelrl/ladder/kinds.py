@@ -111,7 +111,7 @@ class RLKind:
         }
 
     def parameters(self, cfg: Config) -> int:
-        from keelrl.models import count_parameters, load_policy
+        from keelrl.models.load import count_parameters, load_policy
 
         return count_parameters(load_policy(cfg.model)[0])
 

@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from keelrl.config_load import ConfigError, parse_override
-from keelrl.ladder.config import LadderConfig
+from keelrl.config.ladder import LadderConfig
+from keelrl.config.load import ConfigError, parse_override
 
 Role = Literal["grid", "target"]
 

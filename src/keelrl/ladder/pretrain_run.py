@@ -2,7 +2,7 @@
 `python -m keelrl.ladder.pretrain_run CONFIG --run-dir D --seed S [--set k=v ...]`.
 
 It pretrains model.tiny (init seed S) for ladder.pretrain_steps on the demo's corpus for the config's Countdown
-task (`keelrl.demo.pretrain`, the function `keelrl demo` makes its base models with), measures the mean
+task (`keelrl.recipes.demo.pretrain`, the function `keelrl demo` makes its base models with), measures the mean
 per-token loss on ladder.heldout_lines corpus lines of *test* problems, and writes D/final (an HF model dir: a
 base an RL ladder can start from) and D/summary.json."""
 
@@ -18,15 +18,15 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from keelrl.config import Config, ConfigError, load_config
-from keelrl.demo import corpus_text, pad_lines, pretrain
 from keelrl.monitor.run_dir import atomic_write_text
+from keelrl.recipes.demo import corpus_text, pad_lines, pretrain
 from keelrl.tasks import TaskError, get_task
 from keelrl.tasks.countdown import Countdown
 
 
 def build_base(cfg: Config, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The untrained model.tiny (init seed `seed`) and the demo's character tokenizer."""
-    from keelrl.models import build_char_tokenizer, build_tiny_model
+    from keelrl.models.load import build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer()
     tiny = cfg.model.tiny.model_copy(update={"init_seed": seed})
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if not math.isfinite(loss):
         print(f"error: the held-out loss is {loss}", file=sys.stderr)
         return 1
-    from keelrl.models import save_hf_dir
+    from keelrl.models.load import save_hf_dir
 
     save_hf_dir(model, tokenizer, run_dir / "final")
     summary = {

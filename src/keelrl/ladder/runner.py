@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from keelrl.config import Config, ConfigError, config_to_dict, load_config
-from keelrl.config_checks import check_inputs
+from keelrl.config.ladder import LadderConfig
 from keelrl.ladder import analysis
-from keelrl.ladder.config import LadderConfig
 from keelrl.ladder.kinds import KINDS, Kind, LadderError, rl_flops_per_token_param
 from keelrl.ladder.page import write_page
 from keelrl.ladder.plan import LadderRun, parse_axis, plan_runs
 from keelrl.monitor.run_dir import atomic_write_text
+from keelrl.stages import check_run
 
 
 def _cost(run_dir: Path) -> dict[str, Any]:
@@ -159,7 +159,7 @@ def run_ladder(
     for run in grid[:: lad.seeds] + targets[:1]:  # every point can run and be fitted before anything starts
         point = load_config(config, overrides + run.overrides())
         if lad.kind == "rl":
-            check_inputs(point)
+            check_run(point)
             e, steps = point.eval, point.train.steps
             evals = {0, steps, *(range(e.every_steps, steps, e.every_steps) if e.every_steps else ())}
             if len(evals) < 4:

@@ -34,11 +34,10 @@ from keelrl.guards.base import SEVERITY_RANK, Finding, is_train_record, metric_v
 from keelrl.guards.engine import scan
 from keelrl.guards.rules import GuardsConfig
 from keelrl.guards.rules.process import RUNNING_STATES, stalled
-from keelrl.monitor.run_dir import RunDir, read_jsonl
+from keelrl.monitor.run_dir import HEARTBEAT_FILE, RunDir, read_jsonl
 from keelrl.monitor.run_lock import describe as describe_lock
 from keelrl.monitor.run_lock import pid_alive
 from keelrl.monitor.traces import analyze_traces, attach_samples, format_traces, num, trace_findings
-from keelrl.supervisor import HEARTBEAT_FILE
 
 EXIT_CODES = {"healthy": 0, "warning": 1, "critical": 2}
 

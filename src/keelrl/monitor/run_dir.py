@@ -27,6 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+HEARTBEAT_FILE = (
+    "heartbeat.json"  # the worker's liveness, written by run/supervisor.Heartbeat, read by the doctor
+)
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

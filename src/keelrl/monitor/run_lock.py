@@ -11,7 +11,7 @@ other's half-written checkpoints. So the process that owns the run holds two thi
 
 Who holds it. The supervisor, for all its workers (a restarted worker is never refused; `ENV_SUPERVISED`
 tells a worker its supervisor holds the lock); without a supervisor (`--no-supervisor`, a user's own
-torchrun, `keelrl.trainer.train` from Python) the writer rank (rank 0) holds it.
+torchrun, `keelrl.loop.trainer.train` from Python) the writer rank (rank 0) holds it.
 
 When a record without a live OS lock still blocks. A shared filesystem may not carry flock between
 hosts, so a record from another host blocks until its lease is STALE_AFTER_S old (its holder renews it

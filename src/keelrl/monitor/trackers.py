@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from keelrl.config_load import ConfigError
+from keelrl.config.load import ConfigError
 from keelrl.monitor.sinks import Sink
 
 if TYPE_CHECKING:
-    from keelrl.monitor.log_config import LogConfig
+    from keelrl.config.log import LogConfig
 
 
 def scalars(metrics: dict[str, Any]) -> dict[str, float]:

@@ -46,8 +46,8 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from keelrl.core.seeds import stable_hash
 from keelrl.rollout.types import Sampler, SamplingSettings
-from keelrl.seeds import stable_hash
 from keelrl.tasks.base import Score
 from keelrl.tasks.env import EpisodeState, Message, ResetResult, StepResult, event_loop
 from keelrl.tasks.tools import OPEN_TAG, ToolCall, parse_calls

@@ -1,5 +1,5 @@
-"""The one path from problems to scored rollouts, used by training (collect.py draws the problems and seeds)
-and evaluation (evaluate/run.py) alike, so what an eval measures is what training samples.
+"""The one path from problems to scored rollouts, used by training (step/collect.py draws the problems and seeds)
+and evaluation (evals/run.py) alike, so what an eval measures is what training samples.
 
 An `Episode` names what to sample: a problem (with its index and group) and its row's seed. `generate`
 samples one completion per episode, `score` runs the task's checker over the rollouts (a checker that raises
@@ -12,7 +12,6 @@ only returns the errors its environment raised.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -21,6 +20,7 @@ from keelrl.config import EpisodeConfig
 from keelrl.rollout import Rollout, Sampler, SamplingSettings, render_prompt
 from keelrl.rollout.chat import chat_format
 from keelrl.rollout.multiturn import episode_errors, run_multiturn
+from keelrl.rollout.types import Episode
 from keelrl.tasks import Score, Task, Template
 from keelrl.tasks.base import score_safely, unscored
 from keelrl.tasks.env import is_environment
@@ -29,14 +29,6 @@ from keelrl.tasks.env import is_environment
 ScoreFn = Callable[[list[dict[str, Any]], list[str]], tuple[list[Score], list[str]]]
 
 PROMPT_CACHE_LIMIT = 100_000  # problems whose rendered prompt is kept; cleared when full
-
-
-@dataclass(frozen=True)
-class Episode:
-    problem_index: int
-    problem: dict[str, Any]
-    group: int  # global index of the prompt this episode belongs to (its group of samples)
-    seed: int  # drives the row's sampling randomness
 
 
 class Prompter:

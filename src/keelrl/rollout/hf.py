@@ -24,9 +24,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
 from keelrl.algo.logprobs import Autocast, autocast_context, select_cache_rows, supports_prefix_sharing
-from keelrl.models import pad_token_id
+from keelrl.models.load import pad_token_id
+from keelrl.models.weights import NamedTensors, load_untied, owns
 from keelrl.rollout.types import Generation, SamplingSettings
-from keelrl.rollout.weights import NamedTensors, load_untied, owns
 
 Decode = Literal["auto", "eager", "graph"]
 

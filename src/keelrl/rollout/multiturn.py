@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from keelrl.config import EpisodeConfig
+from keelrl.core.seeds import stable_hash
 from keelrl.rollout.client import ModelClient, as_environment, policy_client
-from keelrl.rollout.types import Rollout, Sampler, SamplingSettings
-from keelrl.seeds import stable_hash
+from keelrl.rollout.types import Episode, Rollout, Sampler, SamplingSettings
 from keelrl.tasks.base import Score, unscored
 from keelrl.tasks.env import EpisodeEnd, EpisodeState, advance, call_hook, episode_score, start_episode
 
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase as Tokenizer
 
     from keelrl.rollout.chat import ChatFormat
-    from keelrl.rollout.episodes import Episode
 
 
 ERROR_CHARS = 600  # an environment's error is kept this long in the rollout's info

@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
+from keelrl.models.weights import NamedTensors
 from keelrl.rollout import Rollout, Sampler, SamplingSettings
 from keelrl.rollout.episodes import Episode, Prompter, generate
-from keelrl.rollout.weights import NamedTensors
 
 
 class PipelineError(RuntimeError):

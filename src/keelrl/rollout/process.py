@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.multiprocessing as mp
 
+from keelrl.models.weights import untied_state_dict
 from keelrl.rollout.types import Generation, SamplingSettings
-from keelrl.rollout.weights import untied_state_dict
 
 if TYPE_CHECKING:
     from keelrl.config import Config
-    from keelrl.rollout.weights import NamedTensors
+    from keelrl.models.weights import NamedTensors
 
 MAX_RESTARTS = 3  # child deaths in a row within one call before giving up
 PROGRESS_EVERY_S = 1.0  # the child's progress messages while it decodes
@@ -52,7 +52,7 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
     """The child: build the policy and an HFSampler, then answer ("load", weights, version) and
     ("generate", prompts, settings, seeds) until ("stop",) or the parent goes away."""
     torch.set_num_threads(threads)
-    from keelrl.models import load_policy
+    from keelrl.models.load import load_policy
     from keelrl.rollout.hf import HFSampler
 
     policy, tokenizer = load_policy(cfg.model)

@@ -40,7 +40,7 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, template: 
 
 
 def resolve_template(requested: str, tokenizer: PreTrainedTokenizerBase) -> Template:
-    from keelrl.models import is_char_tokenizer
+    from keelrl.models.load import is_char_tokenizer
 
     if requested != "auto":
         return requested  # type: ignore[return-value]

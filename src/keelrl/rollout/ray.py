@@ -3,14 +3,14 @@ Ray actors, so a cluster's CPUs score and sample while the accelerators train.
 
 `ActorPool`, the piece both use, starts (or joins: `start_ray`) Ray and `size` actors of one class;
 `run(method, chunks)` keeps each actor busy with up to two chunks and returns results in chunk order.
-- `ScorerPool`: each actor builds its own task from a picklable recipe (setup.py passes
+- `ScorerPool`: each actor builds its own task from a picklable recipe (loop/setup.py passes
   `functools.partial(get_task, ...)`), so only plain data crosses processes; chunks are consecutive samples.
 - `SamplerPool` (a `Sampler`, a drop-in for `HFSampler`): each actor builds the policy and an `HFSampler`
   with the run's settings, on CPU with `threads` torch threads. `update_weights` puts the named tensors into
   the object store once per version. `generate` sends each actor the batches the in-process sampler would
   generate (`generation_chunks`), or with `rollout.chunk_size = 0` one batch per actor (`group_chunks`).
   With `rollout.engine = "vllm"` each actor drives a vLLM engine process of its own (`VLLMSamplingWorker`);
-  every push is then sent (never skipped) and checked on every engine (`generate_on_each`, weight_sync.py).
+  every push is then sent (never skipped) and checked on every engine (`generate_on_each`, step/weight_sync.py).
 
 Guarantees:
 - Results equal in-process ones. Scoring uses `score_safely`, the trainer's local path. Sampling with
@@ -40,9 +40,9 @@ from keelrl.tasks.base import Score, score_safely
 
 if TYPE_CHECKING:  # torch and transformers load in sampling processes only (scoring actors start faster)
     from keelrl.algo.logprobs import Autocast
+    from keelrl.config.vllm import VLLMConfig
+    from keelrl.models.weights import NamedTensors
     from keelrl.rollout.types import Generation, SamplingSettings
-    from keelrl.rollout.vllm_config import VLLMConfig
-    from keelrl.rollout.weights import NamedTensors
 
 CHUNKS_PER_WORKER = 4  # scoring chunks per call and actor: balances load, cheap to redo
 START_TIMEOUT_S = 300.0  # for the actors to come up (a cluster may first have to add nodes)
@@ -354,7 +354,7 @@ class SamplingWorker:
     ) -> None:
         import torch
 
-        from keelrl.models import compile_decoder, load_policy
+        from keelrl.models.load import compile_decoder, load_policy
         from keelrl.rollout.hf import HFSampler
 
         torch.set_num_threads(threads)
@@ -370,7 +370,7 @@ class SamplingWorker:
 
     def load_weights(self, weights: NamedTensors, version: int, *push_args: Any) -> None:
         """`push_args`: the rest of the sampler's `update_weights` (a vLLM engine's `reset_prefix_cache`)."""
-        from keelrl.rollout.weights import WeightsMismatch
+        from keelrl.models.weights import WeightsMismatch
 
         self.version = None
         try:
@@ -398,7 +398,7 @@ class VLLMSamplingWorker(SamplingWorker):
     redoes its call; `take_replaced` passes the count on). The engine dies with the actor."""
 
     def __init__(self, model: ModelConfig, settings: VLLMConfig) -> None:
-        from keelrl.models import load_policy
+        from keelrl.models.load import load_policy
         from keelrl.rollout.vllm import VLLMSampler
 
         policy, tokenizer = load_policy(model)  # for its architecture and stop tokens; weights come by push

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from keelrl.tasks.base import Status
 
 if TYPE_CHECKING:
-    from keelrl.rollout.weights import NamedTensors
+    from keelrl.models.weights import NamedTensors
 
 FinishReason = Literal["eos", "length"]  # why one generation stopped
 # why a rollout ended: a generation's reason, or a multi-turn episode's (rollout/multiturn.py)
@@ -25,6 +25,16 @@ TRUNCATED: frozenset[str] = frozenset({"length", "turns", "context"})
 def is_truncated(reason: str) -> bool:
     """Whether a rollout was cut by a budget rather than ending by itself (EOS, or the environment's done)."""
     return reason in TRUNCATED
+
+
+@dataclass(frozen=True)
+class Episode:
+    """What to sample: a problem, the group (prompt) it belongs to, and the seed of its sampling."""
+
+    problem_index: int
+    problem: dict[str, Any]
+    group: int  # global index of the prompt this episode belongs to (its group of samples)
+    seed: int  # drives the row's sampling randomness
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,7 @@ class Sampler(Protocol):
 
 class CheckedSampler(Sampler, Protocol):
     """An engine that samples from its own copy of the weights (`checks_sync = True`: VLLMSampler, a SamplerPool
-    of vLLM actors). weight_sync.py checks every push to it, on every engine it drives."""
+    of vLLM actors). step/weight_sync.py checks every push to it, on every engine it drives."""
 
     checks_sync: bool
 

@@ -4,11 +4,11 @@
   not depend on the others; temperature, top-p/top-k and max tokens as `SamplingSettings` say; the stop ids
   are keelrl's (`stop_token_ids`), the stop token is part of the completion as in `HFSampler`. Log-probs are
   vLLM's "processed" ones, log softmax(logits / T), which is what the trainer computes (top-p < 1 or
-  top-k > 0 would renormalise them: `config_checks.check_engine` refuses that).
+  top-k > 0 would renormalise them: `config/root.check_engine` refuses that).
 - Weights: `update_weights` copies the named tensors into one file both processes map (`SharedWeights`, in
   the engine's scratch folder: /dev/shm when it has room), the engine reloads them in place from views of that
   mapping (no serialisation, no second copy), then empties its prefix cache: vLLM keeps keys/values computed
-  with the old weights otherwise. `weight_sync.py` then checks the result.
+  with the old weights otherwise. `step/weight_sync.py` then checks the result.
 - Lifecycle: an engine process that dies (or is killed) is restarted, given the newest weights file, and the
   call is redone with the same seeds, at most `vllm.max_restarts` times per call; `take_replaced` reports
   restarts to the trainer (an event and `sampler/replaced_workers`). A hung engine stops sending progress,
@@ -38,11 +38,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from keelrl.config.vllm import VLLMConfig
+from keelrl.core.procs import log_tail
+from keelrl.models.weights import NamedTensors
 from keelrl.rollout.hf import stop_token_ids
 from keelrl.rollout.types import Generation, SamplingSettings
-from keelrl.rollout.vllm_config import VLLMConfig
-from keelrl.rollout.weights import NamedTensors
-from keelrl.supervisor import log_tail
 
 WEIGHTS_FILE = "weights.bin"
 # the [vllm] settings the engine process passes to vllm.LLM (vllm_server.serve)
@@ -74,7 +74,7 @@ def vllm_missing() -> str | None:
 
 
 class VLLMSampler:
-    checks_sync = True  # its weights are a copy: weight_sync.py verifies every push
+    checks_sync = True  # its weights are a copy: step/weight_sync.py verifies every push
 
     def __init__(
         self,

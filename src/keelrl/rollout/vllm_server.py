@@ -137,7 +137,7 @@ def _load(llm: Any, tied: bool, path: str, layout: list[Any], reset_prefix_cache
 def main() -> None:
     import json
 
-    from keelrl.supervisor import die_with_parent
+    from keelrl.core.procs import die_with_parent
 
     die_with_parent()
     conn = Connection(int(sys.argv[1]))

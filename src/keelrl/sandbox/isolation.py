@@ -13,13 +13,12 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from keelrl.sandbox.result import LEVELS, Answer, IsolationLevel, SandboxError, SandboxLimits, SandboxWarning
+from keelrl.sandbox.result import IsolationLevel, SandboxError, SandboxLimits, SandboxWarning
 
 IsolationRequest = Literal["auto", "bwrap", "unshare", "rlimit"]
 UID_BASE = 61000  # first uid leased to sandbox slots when running as root
@@ -251,8 +250,6 @@ def lease_slot(level: IsolationLevel, python: str) -> tuple[_UidLease | None, st
     return lease, python
 
 
-_detect_lock = threading.Lock()
-_probe_results: dict[str, str | None] = {}
 _warned: set[str] = set()
 
 
@@ -264,68 +261,3 @@ def warn_once(key: str, message: str, loud: bool = True) -> None:
     logger.warning(message)
     if loud:
         warnings.warn(message, SandboxWarning, stacklevel=3)
-
-
-def probe(level: IsolationLevel) -> str | None:
-    """None when `level` works here, else why not: one real sandboxed execution per process and level."""
-    from keelrl.sandbox.execute import Sandbox  # a real run; execute imports this module
-
-    with _detect_lock:
-        if level in _probe_results:
-            return _probe_results[level]
-        why: str | None = None
-        tool = {"bwrap": "bwrap", "unshare": "unshare", "rlimit": None}[level]
-        if tool is not None and shutil.which(tool) is None:
-            why = f"`{tool}` is not installed" + (" (apt-get install bubblewrap)" if tool == "bwrap" else "")
-        else:
-            try:
-                with Sandbox(level, SandboxLimits(wall_s=20.0), _probing=True) as box:
-                    r = box.run("def f(x):\n    return x + 1\n", "f", ["1"])
-                if r.status != "ok" or r.answers != (Answer("value", "2"),):
-                    why = f"probe run failed: {r.status}: {r.detail} {r.stderr.strip()[:300]}"
-            except (OSError, SandboxError) as err:
-                why = f"probe run failed: {err}"
-        _probe_results[level] = why
-        return why
-
-
-def available_levels() -> list[IsolationLevel]:
-    """The isolation levels that work here, strongest first."""
-    return [lv for lv in LEVELS if probe(lv) is None]
-
-
-def detect_isolation() -> IsolationLevel:
-    """The strongest level that works here, with a `SandboxWarning` (once) when it is not bwrap."""
-    reasons = []
-    for lv in LEVELS:
-        why = probe(lv)
-        if why is None:
-            if lv != "bwrap":
-                weaker = {
-                    "unshare": "namespaces via unshare (equivalent containment, slightly less tested)",
-                    "rlimit": "RESOURCE LIMITS ONLY: model code can use the network and host Unix sockets, read "
-                    "world-readable files (a code task's answer key included) and write to world-writable directories"
-                    + ("" if _is_root() else ", signal your processes and read their environment"),
-                }[lv]
-                warn_once(
-                    f"level-{lv}",
-                    f"sandbox: using {lv!r} isolation, {weaker}. Stronger levels unavailable: {'; '.join(reasons)}. "
-                    "Install bubblewrap (apt-get install bubblewrap) for the strongest isolation.",
-                )
-            else:
-                logger.info("sandbox: using bwrap isolation")
-            return lv
-        reasons.append(f"{lv}: {why}")
-    raise SandboxError("no sandbox isolation level works here: " + "; ".join(reasons))
-
-
-def resolve_isolation(request: IsolationRequest) -> IsolationLevel:
-    """For "auto", detect_isolation(); an explicit level must work here, else SandboxError saying why."""
-    if request == "auto":
-        return detect_isolation()
-    if request not in LEVELS:
-        raise SandboxError(f"unknown isolation {request!r}; use one of: auto, {', '.join(LEVELS)}")
-    why = probe(request)
-    if why is not None:
-        raise SandboxError(f"sandbox isolation {request!r} is not available here: {why}")
-    return request

@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
 
 Split = Literal["train", "test"]
 Template = Literal["base", "chat", "compact", "qwen_instruct"]

@@ -48,11 +48,11 @@ from typing import Any
 
 from pydantic import Field
 
+from keelrl.core.seeds import stable_hash
 from keelrl.sandbox.config import SandboxConfig, sandbox_of
 from keelrl.sandbox.judge import CASE_FIELDS, VIEWS, Case, calls_of, judge
 from keelrl.sandbox.pool import SandboxPool
 from keelrl.sandbox.result import ExecResult, Job, SandboxError, SandboxLimits
-from keelrl.seeds import stable_hash
 from keelrl.tasks import TaskError
 from keelrl.tasks.base import (
     THINK_PREFIX,

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
     ANSWER_PREFIX,
     SYSTEM_BASE,

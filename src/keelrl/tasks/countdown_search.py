@@ -1,6 +1,6 @@
 """Countdown as a written search (Stream of Search, Gandhi et al. 2024): traces, their parser, and the task.
 
-A tiny character model cannot solve three-number Countdown in one shot (demo.py's docstring), but it can
+A tiny character model cannot solve three-number Countdown in one shot (recipes/demo.py's docstring), but it can
 learn to *search* in text: try an operation on two numbers, check what is left, back up on a dead end. This
 module writes such searches as compact text for pretraining, reads them back out of model output for
 behaviour statistics, and wraps keelrl's Countdown (same problems, splits and checker) as the task
@@ -49,7 +49,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import Prompt, Score, Split, Template
 from keelrl.tasks.countdown import Countdown, score_countdown
 

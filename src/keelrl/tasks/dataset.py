@@ -71,7 +71,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
 from keelrl.tasks import TaskError
 from keelrl.tasks.base import (
     Prompt,

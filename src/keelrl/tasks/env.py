@@ -64,7 +64,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import Score, Split
 
 Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": str, ...}

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
     SYSTEM_BASE,
     SYSTEM_CHAT,

@@ -66,7 +66,7 @@ from typing import Any
 
 from pydantic import Field
 
-from keelrl.seeds import stable_hash
+from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
     ANSWER_PREFIX,
     NON_ASCII_DIGIT,

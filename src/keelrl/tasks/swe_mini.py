@@ -42,10 +42,10 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from keelrl.core.seeds import stable_hash
 from keelrl.sandbox.config import SandboxConfig, sandbox_of
 from keelrl.sandbox.judge import Case, calls_of, judge, same
 from keelrl.sandbox.result import SandboxLimits
-from keelrl.seeds import stable_hash
 from keelrl.tasks.base import Score, Split, TaskParams, in_test_split, unknown_bucket
 from keelrl.tasks.code import SandboxFailures, shared_pool
 from keelrl.tasks.env import EpisodeState, Message, StepResult

@@ -42,9 +42,9 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
+from keelrl.core.seeds import stable_hash
 from keelrl.sandbox.boxes import Backend, Box, BoxError, BoxSpec, Ran, backend_for, start_box
 from keelrl.sandbox.config import SandboxConfig
-from keelrl.seeds import stable_hash
 from keelrl.tasks import TaskError
 from keelrl.tasks.base import Score, Split, TaskParams, in_test_split, unknown_bucket, unscored
 from keelrl.tasks.env import EpisodeState, ResetResult, StepResult

@@ -1,0 +1,1 @@
+"""The policy as a model: loading (hub, directory, GGUF, tiny; load.py), LoRA adapters (models/lora.py), weights in the trainer's and the sampler's layout (weights.py) and the export to an HF directory."""

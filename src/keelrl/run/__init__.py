@@ -1,0 +1,1 @@
+"""One run's lifetimes and safety: `TrainState` (run/state.py), `Run` / `Live` (run/run.py), checkpoints (run/checkpoint.py), the supervisor (run/supervisor.py), fault drills (run/faults.py) and the torchrun world (run/distributed.py)."""

@@ -1,0 +1,1 @@
+"""The parts a training step is made of, shared by the stages: collect (problems -> scored rollouts), update (batches, micro-batches, the optimizer step), PPO's critic, and the sampler's weight sync."""
