@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 # modules the benchmarks import, not benchmarks themselves: exercised through them
 HELPERS = {
-    "curriculum_families.py": "curriculum/sources.py's families",
+    "curriculum_families.py": "curriculum.py's families",
     "demo_setup.py": "the demo-config benchmarks' set-up and QUICK sizes",
     "gpu_check_report.py": "gpu_check.sh's JSON (test_gpu_check_report below)",
     "mutate_loss.py": "the mutation audit: minutes (it runs the test suite per mutant); `make mutants` runs it",
@@ -329,9 +329,7 @@ CASES = {
         "countdown_set_positions.py", ("--quick",), check_countdown_set_positions
     ),
     "cpu_overheads": Case("cpu_overheads.py", ("--quick",), check_cpu_overheads),
-    "curriculum": Case(
-        "curriculum/sources.py", ("--quick", "--jobs", "1", "--work", "{tmp}"), check_curriculum
-    ),
+    "curriculum": Case("curriculum.py", ("--quick", "--jobs", "1", "--work", "{tmp}"), check_curriculum),
     "env_learning": Case("env_learning.py", ("--quick", "--out", "{tmp}"), check_env_learning),
     "episodes": Case("episodes.py", ("--quick",), check_episodes),
     "fp32_head": Case("fp32_head.py", ("--quick",), check_fp32_head),

@@ -120,7 +120,7 @@ def test_every_metric_a_tiny_run_writes_is_documented(runs: dict[str, Path], kin
     assert missing == [], f"{kind} run writes metrics docs/metrics.md does not list: {missing}"
     family = {  # each kind's own family is among what it wrote
         "env": "episode/turns", "async": "async/batches_ready", "gae": "critic/value_loss",
-        "curriculum": "curriculum/weight/countdown/n2", "selfplay": "proposer/entropy", "sft": "stages/sft/fill",
-        "rm": "stages/rm/accuracy", "learned_reward": "reward/model", "rl": "kl/ref", "dataset": "reward/mean",
+        "curriculum": "curriculum/weight/countdown/n2", "selfplay": "proposer/entropy", "sft": "sft/fill",
+        "rm": "rm/accuracy", "learned_reward": "reward/model", "rl": "kl/ref", "dataset": "reward/mean",
     }  # fmt: skip
     assert family[kind] in written

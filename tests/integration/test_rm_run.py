@@ -70,7 +70,7 @@ def test_rm_run_learns_the_rule_and_exports_a_reward_model(rm_run, prefs) -> Non
     assert evals[0]["eval/accuracy"] == 0.5  # a fresh head scores every completion 0: all ties
     assert evals[-1]["eval/accuracy"] >= 0.9 and evals[-1]["eval/margin"] > 0
     assert evals[-1]["eval/loss"] < evals[0]["eval/loss"] - 0.3
-    steps = [m for m in metrics if "stages/rm/accuracy" in m]
+    steps = [m for m in metrics if "rm/accuracy" in m]
     assert [m["step"] for m in steps] == list(range(1, 19)) and all(m["loss/pair_nll"] > 0 for m in steps)
     assert {m["eval/pairs"] for m in evals} == {evals[0]["eval/pairs"]} and 40 <= evals[0]["eval/pairs"] <= 80
 

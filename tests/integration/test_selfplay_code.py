@@ -91,18 +91,16 @@ def test_code_selfplay_step_checks_in_the_sandbox_solves_and_pays(model: Path, t
     assert entry.problem["entry_point"] == "sum_squares" and len(entry.problem["tests"]) == 3
     assert "sum_squares(xs)" in entry.problem["prompt"] and "assert" not in entry.problem["prompt"]
     # one valid new proposal, three repeats of it; the solver's 4 attempts were judged by the proposed tests
-    assert metrics["stages/selfplay/valid_frac"] == 1.0 and metrics["stages/selfplay/duplicate_frac"] == 0.75
-    assert metrics["stages/selfplay/distinct_frac"] == 0.25
+    assert metrics["selfplay/valid_frac"] == 1.0 and metrics["selfplay/duplicate_frac"] == 0.75
+    assert metrics["selfplay/distinct_frac"] == 0.25
     rate = sum(s % 2 == 0 for s in solver_seeds) / len(solver_seeds)
     assert (
         0.0 < rate < 1.0
     )  # the scripted solver both passes and fails, so the proposal earns its learnability
     assert len(solver_seeds) == 4 and (entry.attempts, entry.solved) == (4, round(4 * rate))
     assert metrics["accuracy"] == pytest.approx(rate)
-    assert metrics["stages/selfplay/proposer_reward"] == pytest.approx(learnability_reward(rate) / 4)
-    assert all(
-        metrics[f"stages/selfplay/refused/{r}"] == 0.0 for r in ("malformed", "invalid_solution", "held_out")
-    )
+    assert metrics["selfplay/proposer_reward"] == pytest.approx(learnability_reward(rate) / 4)
+    assert all(metrics[f"selfplay/refused/{r}"] == 0.0 for r in ("malformed", "invalid_solution", "held_out"))
 
 
 def test_two_policies_each_trained_on_its_own_role(

@@ -75,20 +75,16 @@ def _rollouts(run: Path) -> list[dict]:
 def test_selfplay_proposes_checks_solves_and_pays(corpus_model: Path, tmp_path: Path) -> None:
     train(_cfg(corpus_model, 4), tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "stages/selfplay/valid_frac" in r]
+    steps = [r for r in rows if "selfplay/valid_frac" in r]
     assert len(steps) == 4
     # the corpus model writes problem lines, many of them valid; new ones fill the buffer and are paid
+    assert max(r["selfplay/valid_frac"] for r in steps) >= 0.25 and steps[-1]["selfplay/buffer_size"] >= 4
     assert (
-        max(r["stages/selfplay/valid_frac"] for r in steps) >= 0.25
-        and steps[-1]["stages/selfplay/buffer_size"] >= 4
-    )
-    assert (
-        max(r["stages/selfplay/proposer_reward"] for r in steps) > 0
-        and max(r["stages/selfplay/learnable_frac"] for r in steps) > 0
+        max(r["selfplay/proposer_reward"] for r in steps) > 0
+        and max(r["selfplay/learnable_frac"] for r in steps) > 0
     )
     assert all(
-        sum(v for k, v in r.items() if k.startswith("stages/selfplay/refused/"))
-        + r["stages/selfplay/valid_frac"]
+        sum(v for k, v in r.items() if k.startswith("selfplay/refused/")) + r["selfplay/valid_frac"]
         == pytest.approx(1.0)
         for r in steps
     )  # every proposal is valid or refused for one reason
@@ -108,7 +104,7 @@ def test_selfplay_proposes_checks_solves_and_pays(corpus_model: Path, tmp_path: 
     buffer = state["curriculum"]["buffer"]
     assert (
         state["curriculum"]["kind"] == "selfplay"
-        and len(buffer["entries"]) == steps[-1]["stages/selfplay/buffer_size"]
+        and len(buffer["entries"]) == steps[-1]["selfplay/buffer_size"]
     )
     assert all(e[3] >= 4 for e in buffer["entries"])  # every buffered problem was attempted by a solver group
 

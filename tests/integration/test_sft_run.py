@@ -62,10 +62,8 @@ def test_sft_run_directory_eval_and_exact_resume(tmp_path, tiny_model_dir, data_
     steps = [m for m in metrics if "loss/nll" in m]
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]
     for m in steps:
-        assert m["stages/sft/examples"] == 16 and 0 < m["stages/sft/fill"] <= 1 and m["tokens/trained"] > 16
-    assert steps[-1]["stages/sft/epoch"] == pytest.approx(
-        6 * 16 / 270, abs=0.02
-    )  # ~270 of 300 kept for training
+        assert m["sft/examples"] == 16 and 0 < m["sft/fill"] <= 1 and m["tokens/trained"] > 16
+    assert steps[-1]["sft/epoch"] == pytest.approx(6 * 16 / 270, abs=0.02)  # ~270 of 300 kept for training
     assert full["steps"] == 6 and (tmp_path / "full" / "final" / "config.json").exists()
 
     # stop at 3, resume to 6: the same weights, bit for bit

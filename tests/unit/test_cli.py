@@ -51,7 +51,7 @@ def test_console_lines_show_each_stages_figures(capsys: pytest.CaptureFixture[st
         "reward/mean": 0.5,
         "accuracy": 0.25,
         "loss/total": 0.693,
-        "stages/rm/accuracy": 0.75,
+        "rm/accuracy": 0.75,
         "time/step_s": 1.0,
     }
     for stage in ("rl", "sft", "rm"):

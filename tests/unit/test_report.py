@@ -35,9 +35,7 @@ def test_report_is_one_escaped_file_with_a_plot_for_every_logged_metric(tmp_path
     rs = [rollout(s, evil if s == 1 else "fine <answer>1</answer>", 0.5) for s in range(1, 11)]
     m = metrics_stream(40)
     m[12]["grad_norm"] = float("nan")
-    m[5].update(
-        {"episode/error_frac": 0.1, "episode/verifier_errors": 2.0, "stages/selfplay/odd_new_metric": 0.5}
-    )
+    m[5].update({"episode/error_frac": 0.1, "episode/verifier_errors": 2.0, "selfplay/odd_new_metric": 0.5})
     events = [("restart", 12), ("rollback", 20), ("checkpoint", 10)]
     path = run_report([make_run(tmp_path / "run", m, events=events, rollouts=rs)])
     assert path == tmp_path / "run" / "report.html"
@@ -48,7 +46,7 @@ def test_report_is_one_escaped_file_with_a_plot_for_every_logged_metric(tmp_path
     figs = figures(page)
     logged = {k for r in m for k in r} - {"step", "time"}
     drawn = {n for f in figs.values() for n in names(f)}
-    assert logged <= drawn  # every metric the run logged, stages/selfplay/odd_new_metric (in no plot) too
+    assert logged <= drawn  # every metric the run logged, selfplay/odd_new_metric (in no plot) too
     assert "Clip fractions" not in figs  # not logged: no empty plot
     assert names(figs["Episodes without a reward"])[:2] == ["episode/error_frac", "episode/verifier_errors"]
     for title, fig in figs.items():  # the restart and the rollback on every plot; the checkpoint is no event
@@ -68,12 +66,12 @@ def test_report_is_one_escaped_file_with_a_plot_for_every_logged_metric(tmp_path
 
 def test_plots_go_to_their_family_panels(tmp_path: Path) -> None:
     logged = {"reward/mean", "time/gen_s", "time/trainer_wait_s", "async/staleness_mean", "episode/turns",
-              "stages/selfplay/valid_frac", "stages/selfplay/new_thing", "critic/value_loss", "zzz/unknown", "stages/rm/accuracy"}  # fmt: skip
+              "selfplay/valid_frac", "selfplay/new_thing", "critic/value_loss", "zzz/unknown", "rm/accuracy"}  # fmt: skip
     plans = {title: (panel, keys) for panel, title, keys, _ in plan_plots(logged)}
     assert plans["Step time"] == ("Speed", ["time/gen_s"])  # the waits have a plot of their own
     assert plans["Waits"] == ("Asynchronous sampling", ["time/trainer_wait_s"])
     assert plans["Turns and tool calls"][0] == "Environment episodes"
-    assert plans["stages/selfplay/*"] == ("Self-play", ["stages/selfplay/new_thing"])
+    assert plans["selfplay/*"] == ("Self-play", ["selfplay/new_thing"])
     assert plans["zzz/*"] == ("Other metrics", ["zzz/unknown"])
     assert plans["Value loss and fit"][0] == "Critic (algo.advantage = gae)"
     panels = [panel for panel, *_ in plan_plots(logged)]

@@ -64,20 +64,20 @@ PLOTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("Asynchronous sampling", "Waits", ("time/trainer_wait_s", "time/sampler_wait_s"), "seconds per step"),
     ("Asynchronous sampling", "Off-policy correction", ("behaviour/*",), "weight / fraction"),
     ("Asynchronous sampling", "Sampler-trainer mismatch", ("mismatch/max_abs", "mismatch/kl"), "log-prob gap"),
-    ("Self-play", "Proposals", ("stages/selfplay/valid_frac", "stages/selfplay/new_frac", "stages/selfplay/duplicate_frac",
-     "stages/selfplay/distinct_frac", "stages/selfplay/learnable_frac"), "fraction of proposals"),
+    ("Self-play", "Proposals", ("selfplay/valid_frac", "selfplay/new_frac", "selfplay/duplicate_frac",
+     "selfplay/distinct_frac", "selfplay/learnable_frac"), "fraction of proposals"),
     ("Self-play", "Proposer reward and new problems' solve rate",
-     ("stages/selfplay/proposer_reward", "stages/selfplay/new_solve_rate"), "reward / fraction"),
-    ("Self-play", "Problem buffer", ("stages/selfplay/buffer_size",), "problems"),
-    ("Self-play", "Refused proposals, by reason", ("stages/selfplay/refused/*",), "fraction of proposals"),
+     ("selfplay/proposer_reward", "selfplay/new_solve_rate"), "reward / fraction"),
+    ("Self-play", "Problem buffer", ("selfplay/buffer_size",), "problems"),
+    ("Self-play", "Refused proposals, by reason", ("selfplay/refused/*",), "fraction of proposals"),
     ("Self-play", "Proposer policy (selfplay.policies = 'two')", ("proposer/*",), "value"),
     ("Reward model", "Learned reward (reward.model) and the verifier's held-out accuracy",
      ("reward/model", "reward/verifier", "eval/accuracy"), "raw score / reward / fraction"),
     ("Reward model", "Pair loss (train.stage = rm)", ("loss/pair_nll", "eval/loss"), "nats / pair"),
-    ("Reward model", "Pair accuracy", ("stages/rm/accuracy", "eval/accuracy"), "fraction of pairs"),
-    ("Reward model", "Score margin", ("stages/rm/margin", "eval/margin"), "chosen minus rejected score"),
+    ("Reward model", "Pair accuracy", ("rm/accuracy", "eval/accuracy"), "fraction of pairs"),
+    ("Reward model", "Score margin", ("rm/margin", "eval/margin"), "chosen minus rejected score"),
     ("Supervised fine-tuning", "Supervised loss (train.stage = sft)", ("loss/nll", "eval/loss"), "nats / token"),
-    ("Supervised fine-tuning", "Packing", ("stages/sft/fill",), "fraction of row slots"),
+    ("Supervised fine-tuning", "Packing", ("sft/fill",), "fraction of row slots"),
     ("Critic (algo.advantage = gae)", "Value loss and fit",
      ("critic/value_loss", "critic/explained_variance", "critic/clipfrac"), "loss / fraction"),
     ("Critic (algo.advantage = gae)", "Values and returns", ("critic/value_mean", "critic/return_mean"), "return"),
@@ -91,7 +91,7 @@ PLOTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
 )  # fmt: skip
 EXACT = {k for _, _, keys, _ in PLOTS for k in keys if "*" not in k}
 # schedules and counters: drawn as logged, never smoothed
-UNSMOOTHED = ("lr", "*/lr", "guard/*", "*/epoch", "stages/selfplay/buffer_size")
+UNSMOOTHED = ("lr", "*/lr", "guard/*", "*/epoch", "selfplay/buffer_size")
 SEVERITY_COLORS = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
 STYLE = """
 .v-critical{color:#c62828;font-weight:bold}.v-warning{color:#ef6c00;font-weight:bold}.v-healthy{color:#2e7d32;font-weight:bold}

@@ -40,9 +40,9 @@ TAIL = (
 # What a step's console line shows, by train.stage: (metric, short name, format), each when the step has it
 CONSOLE_KEYS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "rl": (*RL_KEYS, *TAIL),
-    "selfplay": (*RL_KEYS[:2], ("stages/selfplay/valid_frac", "valid", "{:.2f}"), *RL_KEYS[2:], *TAIL),
+    "selfplay": (*RL_KEYS[:2], ("selfplay/valid_frac", "valid", "{:.2f}"), *RL_KEYS[2:], *TAIL),
     "sft": (LOSS, *TAIL),
-    "rm": (LOSS, ("stages/rm/accuracy", "acc", "{:.3f}"), ("stages/rm/margin", "margin", "{:.3f}"), *TAIL),
+    "rm": (LOSS, ("rm/accuracy", "acc", "{:.3f}"), ("rm/margin", "margin", "{:.3f}"), *TAIL),
 }
 
 

@@ -14,8 +14,8 @@ from keelrl.guards.base import Finding, Record, RuleThresholds, finding, mean_va
 
 
 class ProposerCollapseThresholds(RuleThresholds):
-    """Valid proposals are mostly duplicates of problems already proposed (stages/selfplay/duplicate_frac against
-    stages/selfplay/valid_frac): the proposer repeats itself and the buffer stops growing."""
+    """Valid proposals are mostly duplicates of problems already proposed (selfplay/duplicate_frac against
+    selfplay/valid_frac): the proposer repeats itself and the buffer stops growing."""
 
     window: int = Field(10, ge=1, description="Steps averaged.")
     # Judgment: when four in five valid proposals repeat old problems, the proposer earns almost nothing
@@ -29,8 +29,8 @@ class ProposerCollapseThresholds(RuleThresholds):
 
 
 def proposer_collapse(history: Sequence[Record], t: ProposerCollapseThresholds) -> Finding | None:
-    valid = tail(history, "stages/selfplay/valid_frac", t.window)
-    dup = tail(history, "stages/selfplay/duplicate_frac", t.window)
+    valid = tail(history, "selfplay/valid_frac", t.window)
+    dup = tail(history, "selfplay/duplicate_frac", t.window)
     if len(valid) < t.window or len(dup) < t.window or (v := mean_value(valid)) < t.min_valid:
         return None
     if (share := mean_value(dup) / v) < t.warn_share:
@@ -50,7 +50,7 @@ def proposer_collapse(history: Sequence[Record], t: ProposerCollapseThresholds) 
 
 class ProposalDifficultyThresholds(RuleThresholds):
     """The solver solves nearly every new problem (trivial proposals) or nearly none (too hard, or readable
-    only by the proposer): either way learnability pays nothing (stages/selfplay/new_solve_rate)."""
+    only by the proposer): either way learnability pays nothing (selfplay/new_solve_rate)."""
 
     window: int = Field(10, ge=1, description="Steps (with new problems) averaged.")
     # Judgment: learnability is 1 - s inside (0, 1); a mean solve rate past these bounds leaves almost no
@@ -62,7 +62,7 @@ class ProposalDifficultyThresholds(RuleThresholds):
 
 
 def proposal_difficulty(history: Sequence[Record], t: ProposalDifficultyThresholds) -> Finding | None:
-    cur = tail(history, "stages/selfplay/new_solve_rate", t.window)
+    cur = tail(history, "selfplay/new_solve_rate", t.window)
     if len(cur) < t.window:
         return None
     s = mean_value(cur)

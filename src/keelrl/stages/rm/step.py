@@ -12,7 +12,7 @@ held out by data.eval_path or data.eval_fraction as for SFT. Each side is encode
 scoring uses (stages/rm/model.py).
 
 Metrics: `loss/total` and `loss/pair_nll` (the mean pair NLL: heavy-tailed near convergence, so no spike rule
-judges it; guards/rules/numerics.py SUPERVISED_LOSSES), `stages/rm/accuracy` and `stages/rm/margin` (the step's pairs),
+judges it; guards/rules/numerics.py SUPERVISED_LOSSES), `rm/accuracy` and `rm/margin` (the step's pairs),
 `grad_norm`, `lr`. Evals: `eval/accuracy` is the held-out *pair* accuracy
 (so checkpoint.best_metric and eval_regression apply unchanged), with `eval/loss` and `eval/margin`.
 At the end the run's final/ gets `reward_model.json` (stages/rm/model.py's card).
@@ -149,9 +149,9 @@ def rm_step(run: Run, state: TrainState) -> dict[str, float]:
         **after,
         "loss/total": loss_sum,
         "loss/pair_nll": loss_sum,
-        "stages/rm/accuracy": right / len(pairs),
-        "stages/rm/margin": margin / len(pairs),
-        "stages/rm/epoch": epoch_of(state.step, len(data.train), d.batch_size),
+        "rm/accuracy": right / len(pairs),
+        "rm/margin": margin / len(pairs),
+        "rm/epoch": epoch_of(state.step, len(data.train), d.batch_size),
         "grad_norm": grad_norm,
         "lr": lr,
         "time/train_s": seconds,

@@ -22,9 +22,7 @@ class Proposer(Protocol):
     code problem's expected values, and the task checks it) or "worked" (the proposer writes a solution and the
     task's executor computes the answer key from it, as Absolute Zero's does)."""
 
-    reasons: tuple[
-        str, ...
-    ]  # every refusal reason check() can give (each a stages/selfplay/refused/* metric)
+    reasons: tuple[str, ...]  # every refusal reason check() can give (each a selfplay/refused/* metric)
 
     def cue(self, task: Any, draw: int, buffer: ProblemBuffer) -> dict[str, Any]:
         """What varies between proposer prompts (JSON data), from a seeded integer `draw`."""

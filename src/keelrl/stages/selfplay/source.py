@@ -29,7 +29,7 @@ class SelfPlaySource:
         """Unused: the self-play step records each problem's attempts in the buffer itself."""
 
     def metrics(self) -> dict[str, float]:
-        return {"stages/selfplay/buffer_size": float(len(self.buffer.entries))}
+        return {"selfplay/buffer_size": float(len(self.buffer.entries))}
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "selfplay", "cursor": self.cursor, "buffer": self.buffer.state_dict()}

@@ -18,7 +18,7 @@ roles.py).
 
 The buffer is the run's problem source (`source.py`): it is saved and resumed with the step's state. Seeds
 derive from (train.seed, step, rollbacks), so a resumed run proposes and solves what it would have.
-Metrics: `stages/selfplay/*` (valid, new and duplicate shares, distinct share of the valid ones, refusal reasons,
+Metrics: `selfplay/*` (valid, new and duplicate shares, distinct share of the valid ones, refusal reasons,
 proposer reward, learnable share, the new problems' solve rate, buffer size); `accuracy` and `reward/mean` are the solver's.
 """
 
@@ -146,19 +146,19 @@ def selfplay_metrics(
     new_rates = [rates[r.info["key"]] for r in new if r.info["key"] in rates]
     valid_keys = [r.info["key"] for r in proposals if r.info["key"]]
     out = {
-        "stages/selfplay/valid_frac": (reasons["valid"] + reasons["duplicate"]) / n,
-        "stages/selfplay/new_frac": len(new) / n,
-        "stages/selfplay/duplicate_frac": reasons["duplicate"] / n,
-        "stages/selfplay/proposer_reward": sum(r.reward for r in proposals) / n,
-        "stages/selfplay/learnable_frac": sum(0.0 < s < 1.0 for s in new_rates) / n,
-        "stages/selfplay/buffer_size": float(buffer_size),
+        "selfplay/valid_frac": (reasons["valid"] + reasons["duplicate"]) / n,
+        "selfplay/new_frac": len(new) / n,
+        "selfplay/duplicate_frac": reasons["duplicate"] / n,
+        "selfplay/proposer_reward": sum(r.reward for r in proposals) / n,
+        "selfplay/learnable_frac": sum(0.0 < s < 1.0 for s in new_rates) / n,
+        "selfplay/buffer_size": float(buffer_size),
     }
     if valid_keys:  # diversity: different problems among this step's valid proposals (1: all differ)
-        out["stages/selfplay/distinct_frac"] = len(set(valid_keys)) / len(valid_keys)
+        out["selfplay/distinct_frac"] = len(set(valid_keys)) / len(valid_keys)
     if new_rates:
-        out["stages/selfplay/new_solve_rate"] = sum(new_rates) / len(new_rates)
+        out["selfplay/new_solve_rate"] = sum(new_rates) / len(new_rates)
     for reason in refusals:
-        out[f"stages/selfplay/refused/{reason}"] = reasons[reason] / n
+        out[f"selfplay/refused/{reason}"] = reasons[reason] / n
     return out
 
 

@@ -9,8 +9,8 @@ packing and the number of ranks do not change the update. Evals add the held-out
 mean) to the task's held-out accuracy (data.task_eval).
 
 Metrics: `loss/total` (the loss as normalised by algo.loss_agg), `loss/nll` (token-mean negative
-log-likelihood, whatever the normalisation), `stages/sft/epoch`, `stages/sft/examples`, `tokens/trained`,
-`stages/sft/rows` and `stages/sft/fill` (share of row positions holding tokens: what packing saves), `grad_norm`, `lr`.
+log-likelihood, whatever the normalisation), `sft/epoch`, `sft/examples`, `tokens/trained`,
+`sft/rows` and `sft/fill` (share of row positions holding tokens: what packing saves), `grad_norm`, `lr`.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def sft_step(run: Run, state: TrainState) -> dict[str, float]:
             "tokens/trained": float(batch.target_mask.sum()),
             "tokens/positions": float((batch.documents >= 0).sum()),
             "tokens/row_slots": float(batch.documents.numel()),
-            "stages/sft/rows": float(batch.input_ids.shape[0]),
+            "sft/rows": float(batch.input_ids.shape[0]),
         },
         run.world,
     )
@@ -149,9 +149,9 @@ def sft_step(run: Run, state: TrainState) -> dict[str, float]:
     return {
         **stats,
         **after,
-        "stages/sft/fill": fill,
-        "stages/sft/epoch": epoch_of(state.step, len(data.train), d.batch_size),
-        "stages/sft/examples": float(d.batch_size),
+        "sft/fill": fill,
+        "sft/epoch": epoch_of(state.step, len(data.train), d.batch_size),
+        "sft/examples": float(d.batch_size),
         "grad_norm": grad_norm,
         "lr": lr,
         "time/train_s": seconds,
