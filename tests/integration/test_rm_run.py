@@ -19,6 +19,7 @@ from keelrl.config import ConfigError, config_from_dict
 from keelrl.loop.trainer import train
 from keelrl.models.load import ModelLoadError, build_char_tokenizer, load_policy
 from keelrl.run.checkpoint import weights_sha256
+from keelrl.stages import check_stage
 from keelrl.stages.rm.model import rm_ids
 from keelrl.tasks import get_task
 
@@ -125,7 +126,7 @@ def test_keelrl_rm_train_command(tmp_path, tiny_model_dir, prefs) -> None:
     with pytest.raises(ConfigError, match="held-out pair accuracy"):
         cfg = rm_config(tiny_model_dir, prefs, 1)
         cfg["data"]["eval_fraction"] = 0.0
-        config_from_dict(cfg)
+        check_stage(config_from_dict(cfg))  # the rm stage's check: keelrl train runs it first
     bad = main(
         ["rm", "train", str(tmp_path / "missing.jsonl"), "--model", "tiny", "--run-dir", str(tmp_path / "x")]
     )
