@@ -9,7 +9,7 @@ Shapes:
   randomly initialised model of the demo's shape (4 x 128, head_dim 32), so the lengths are not the trained
   model's (a random model seldom stops early: near the worst case for both samplers).
 - `smollm2`: SmolLM2-135M-Instruct (configs/smollm2.toml) at 32 completions of 128 tokens, fp32 both sides.
-- `smollm2_demo`: the same at the demo's 16 tokens (what `keelrl demo --model smollm2 --engine vllm` runs).
+- `smollm2_demo`: the same at configs/smollm2.toml's 16 tokens (answer only).
 Each run trains `steps` steps with eval and checkpoints off; a step's time is the trainer's own time/step_s
 (sample + score + update, the push and check of the weights included), the median over the steps after the
 first. One torch thread for the trainer; the engine process gets `--vllm-threads` OMP threads (default 2: the

@@ -7,13 +7,7 @@ from pathlib import Path
 import pytest
 
 from keelrl.config import config_from_dict, load_config
-from keelrl.recipes.demo import (
-    DEMO_TASK_PARAMS,
-    SMOLLM2_TASK_PARAMS,
-    DemoPlan,
-    demo_rl_config,
-    smollm2_rl_config,
-)
+from keelrl.recipes.demo import DEMO_TASK_PARAMS, DemoPlan, demo_rl_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.toml"))
 
@@ -54,21 +48,3 @@ def test_selfplay_countdown_is_the_demo_rl_stage_with_self_play() -> None:
     }
     rl.pop("selfplay")
     assert selfplay == rl
-
-
-def test_smollm2_config_is_the_demo_smollm2_rl_stage() -> None:
-    shipped = load_config(Path(__file__).parents[2] / "configs" / "smollm2.toml").model_dump()
-    demo = smollm2_rl_config(SMOLLM2_TASK_PARAMS, minutes=30, seed=0)
-    demo["train"]["threads"] = 1
-    expected = config_from_dict(demo).model_dump()
-    shipped.pop("supervisor"), expected.pop("supervisor")
-    assert shipped == expected
-
-
-def test_smollm2_demo_with_the_vllm_engine_is_the_same_run_on_another_engine() -> None:
-    hf = config_from_dict(smollm2_rl_config(SMOLLM2_TASK_PARAMS, minutes=30, seed=0)).model_dump()
-    vllm = config_from_dict(
-        smollm2_rl_config(SMOLLM2_TASK_PARAMS, minutes=30, seed=0, engine="vllm")
-    ).model_dump()
-    assert (hf["rollout"].pop("engine"), vllm["rollout"].pop("engine")) == ("hf", "vllm")
-    assert vllm == hf

@@ -144,13 +144,11 @@ def _print_outcome(run_dir: Path) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.recipe != "rl" and args.engine != "hf":
+        raise ConfigError(f"--recipe {args.recipe} samples with the hf engine; drop --engine")
     if args.recipe == "search":  # Stream of Search: pretrain on search traces, then RL (recipes/search.py)
         from keelrl.recipes.search import run_search_demo
 
-        if args.model != "tiny" or args.engine != "hf":
-            raise ConfigError(
-                "--recipe search trains its own tiny model with the hf engine; drop --model/--engine"
-            )
         run_search_demo(
             seed=args.seed,
             minutes=args.minutes or 12.0,
@@ -159,12 +157,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
             threads=args.threads,
         )
         return 0
+    if args.recipe == "smollm2":  # a real pretrained model: SFT on search traces, then GRPO
+        from keelrl.recipes.smollm2 import run_smollm2
+
+        run_smollm2(
+            seed=args.seed, out=Path(args.out or "runs/smollm2"), threads=args.threads, quick=args.quick
+        )
+        return 0
     from keelrl.recipes.demo import run_demo
 
     run_demo(
         seed=args.seed,
         minutes=args.minutes or 12.0,
-        model=args.model,
         out=Path(args.out or "runs/demo"),
         threads=args.threads,
         engine=args.engine,
@@ -358,10 +362,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--recipe",
-        choices=["rl", "search"],
+        choices=["rl", "search", "smollm2"],
         default="rl",
         help="rl: two-number Countdown, pretrain then RL; search: Stream of Search on 3-number Countdown "
-        "(pretrain on search traces, then RL; behaviour statistics before and after)",
+        "(pretrain on search traces, then RL; behaviour statistics before and after); smollm2: "
+        "SmolLM2-135M-Instruct, SFT on search traces then GRPO (make smollm2)",
     )
     m.add_argument(
         "--numbers", type=int, choices=[3, 4], default=3, help="--recipe search: numbers per problem"
@@ -374,15 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="scale the work (step counts) to about this many minutes (default 12)",
     )
     m.add_argument(
-        "--model",
-        choices=["tiny", "smollm2"],
-        default="tiny",
-        help="smollm2: RL SmolLM2-135M-Instruct (no pretraining)",
-    )
-    m.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf", help="what samples during RL (rollout.engine)"
     )
-    m.add_argument("--out", default=None, help="output directory (default runs/demo, runs/demo_search)")
+    m.add_argument(
+        "--out", default=None, help="output directory (default runs/demo, runs/demo_search, runs/smollm2)"
+    )
+    m.add_argument(
+        "--quick", action="store_true", help="--recipe smollm2: a smoke run of every stage (minutes)"
+    )
     m.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
     m.set_defaults(func=cmd_demo)
 

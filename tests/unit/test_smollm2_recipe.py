@@ -1,0 +1,62 @@
+"""The SmolLM2 recipe's pieces (recipes/smollm2.py) that decide what it trains on and how it is judged."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from keelrl.recipes.smollm2 import (
+    MAX_TRACE_TOKENS,
+    TASK_PARAMS,
+    by_family,
+    family,
+    family_losses,
+    sft_records,
+)
+from keelrl.tasks import get_task
+
+
+class CharTokens:
+    """A stand-in tokenizer: one token per character (SmolLM2's BPE gives fewer)."""
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_sft_records_are_correct_searches_of_train_problems_only() -> None:
+    task = get_task("countdown_search", **TASK_PARAMS)
+    records = sft_records(task, CharTokens(), 60, seed=0)
+    assert len(records) == 60
+    test_sets = {tuple(sorted(task.problem("test", i)["numbers"])) for i in range(2000)}
+    for r in records:
+        problem, trace = r["problem"], r["completion"]
+        assert task.score(problem, trace).correct, trace  # every trace ends in a right answer
+        assert len(trace) <= MAX_TRACE_TOKENS
+        assert tuple(sorted(problem["numbers"])) not in test_sets  # no held-out number set
+    # both strategies of the mix occur: some traces back up (a dead end before the answer)
+    assert any(r["completion"].count("\n") > 1 for r in records)
+    assert sft_records(task, CharTokens(), 60, seed=0) == records  # a function of the seed
+    assert sft_records(task, CharTokens(), 60, seed=1) != records
+
+
+def test_family_is_the_count_and_the_operations_of_a_solution() -> None:
+    assert family({"numbers": [3, 4], "target": 12}) == "n2 *"
+    assert family({"numbers": [9, 2], "target": 7}) == "n2 -"
+    assert family({"numbers": [2, 3, 4], "target": 20}) == "n3 +*"
+
+
+def _report(problems: list[dict], correct: list[bool]) -> SimpleNamespace:
+    return SimpleNamespace(
+        records=[SimpleNamespace(problem=p, correct=[c]) for p, c in zip(problems, correct)]
+    )
+
+
+def test_by_family_pairs_problems_and_flags_a_collapse() -> None:
+    adds = [{"numbers": [3, 4], "target": 7}, {"numbers": [5, 1], "target": 6}]
+    muls = [{"numbers": [3, 4], "target": 12}, {"numbers": [5, 2], "target": 10}]
+    before = _report(adds + muls, [False, False, True, True])
+    after = _report(adds + muls, [True, True, True, False])  # learned to add, forgot half the products
+    families = by_family(before, after)
+    assert families == {"n2 *": [1.0, 0.5], "n2 +": [0.0, 1.0]}
+    assert family_losses(families) == ["n2 *"]
+    assert family_losses({"n2 *": [0.25, 0.0]}) == []  # not solved before: nothing to lose
+    assert family_losses({"n2 *": [0.5, 0.4]}) == []  # 0.10 is allowed
