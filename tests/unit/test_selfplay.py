@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from keelrl.algo.selfplay import learnability_reward, solve_rate
+from keelrl.algo.selfplay import learnability_reward
 from keelrl.stages.selfplay.buffer import ProblemBuffer
 from keelrl.stages.selfplay.code import SEED_EXAMPLE, check_code_proposal, code_problem_key, example_text
 from keelrl.stages.selfplay.countdown import check_proposal, parse_proposal, problem_key
@@ -22,13 +22,10 @@ TASK = Countdown(
 
 
 def test_learnability_reward_worked_numbers() -> None:
-    assert solve_rate([True, False, False, True]) == 0.5
     rewards = [learnability_reward(r) for r in (0.0, 0.25, 0.5, 0.875, 1.0)]
     assert rewards == [0.0, 0.75, 0.5, 0.125, 0.0]  # nothing for trivial or impossible, more for harder
     with pytest.raises(ValueError):
         learnability_reward(1.5)
-    with pytest.raises(ValueError):
-        solve_rate([])
 
 
 def _train_pair(target_of: str) -> tuple[list[int], int]:

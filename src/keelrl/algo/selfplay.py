@@ -12,15 +12,6 @@ also not pushed away from the format by a penalty larger than any reward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-
-def solve_rate(correct: Sequence[bool]) -> float:
-    """Share of the solver's attempts that were correct. Worked numbers: [T, F, F, T] -> 0.5."""
-    if not correct:
-        raise ValueError("a solve rate needs at least one attempt")
-    return sum(bool(c) for c in correct) / len(correct)
-
 
 def learnability_reward(rate: float) -> float:
     """Absolute Zero's proposer reward for a valid, new problem solved at `rate`.

@@ -40,29 +40,6 @@ def session_file(session_dir: str | Path) -> Path:
     return Path(session_dir) / SESSION_FILE
 
 
-def _settings(
-    task: str,
-    params: dict[str, Any],
-    task_seed: int,
-    template: str,
-    problems: int,
-    seed: int,
-    temperature: float,
-    max_new_tokens: int,
-) -> dict[str, Any]:
-    """What makes two sessions the same session (resuming with other values is refused)."""
-    return {
-        "task": task,
-        "task_params": params,
-        "task_seed": task_seed,
-        "template": template,
-        "problems": problems,
-        "seed": seed,
-        "temperature": temperature,
-        "max_new_tokens": max_new_tokens,
-    }
-
-
 def _check_resume(store: JudgeStore, models: dict[str, str], settings: dict[str, Any]) -> None:
     """Refuse to reuse a session file that was made for other models or other settings."""
     meta = store.meta()
@@ -189,7 +166,17 @@ def create_session(
     )
     max_new = max_new_tokens or int(run_cfg.get("rollout", {}).get("max_new_tokens", 256))
     labelled = dict(zip(LABELS, models))
-    settings = _settings(task, params, task_seed, template_req, problems, seed, temperature, max_new)
+    # what makes two sessions the same session (resuming with other values is refused)
+    settings = {
+        "task": task,
+        "task_params": params,
+        "task_seed": task_seed,
+        "template": template_req,
+        "problems": problems,
+        "seed": seed,
+        "temperature": temperature,
+        "max_new_tokens": max_new,
+    }
     store = JudgeStore(session_file(out))
     if store.pairs():
         _check_resume(store, labelled, settings)

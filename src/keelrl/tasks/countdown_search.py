@@ -50,7 +50,6 @@ from fractions import Fraction
 from typing import Any
 
 from keelrl.core.seeds import stable_hash
-from keelrl.tasks.base import Prompt, Score, Split, Template
 from keelrl.tasks.countdown import Countdown, score_countdown
 
 GIVE_UP = "?"
@@ -308,35 +307,11 @@ def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
     }
 
 
-class CountdownSearch:
-    """Countdown answered by a written search: keelrl's Countdown (problems, splits, checker, buckets) by
-    composition, a compact prompt, and `behaviour` for eval statistics. Params are Countdown's."""
+class CountdownSearch(Countdown):
+    """Countdown answered by a written search: keelrl's Countdown (problems, splits, checker, buckets, its
+    compact prompt for tiny models) inherited, and `behaviour` for eval statistics. Params are Countdown's."""
 
     name = "countdown_search"
-
-    def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.base = Countdown(seed=seed, **params)
-        self.seed = seed
-        self.params = self.base.params
-
-    def problem(self, split: Split, index: int) -> dict[str, Any]:
-        return self.base.problem(split, index)
-
-    def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
-        """Compact ("13 7 3 -> 46", largest first) for tiny models; other templates are Countdown's."""
-        return self.base.prompt(problem, template)
-
-    def score(self, problem: dict[str, Any], completion: str) -> Score:
-        return self.base.score(problem, completion)
-
-    def difficulty(self, problem: dict[str, Any]) -> str:
-        return self.base.difficulty(problem)
-
-    def buckets(self) -> list[str]:
-        return self.base.buckets()
-
-    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        return self.base.problem_in(bucket, split, index)
 
     def reference_answer(self, problem: dict[str, Any]) -> str | None:
         """A best-first search trace that ends in a correct answer (or Countdown's expression if the search
@@ -344,7 +319,7 @@ class CountdownSearch:
         trace = search_trace(
             sorted(problem["numbers"], reverse=True), problem["target"], "best_first", 10_000
         )
-        return trace if not trace.endswith(GIVE_UP) else self.base.reference_answer(problem)
+        return trace if not trace.endswith(GIVE_UP) else super().reference_answer(problem)
 
     def behaviour(self, problem: dict[str, Any], completion: str) -> dict[str, float]:
         return behaviour(problem, completion)

@@ -64,22 +64,6 @@ def parse_integer(text: str) -> int | None:
     return int(m.group(1).replace(",", "").replace("_", "")) if m else None
 
 
-def worked_solution(a: int, b: int) -> str:
-    """Long multiplication by place value, as a person writes it, one addition at a time:
-    `347*8 = 300*8 + 40*8 + 7*8 = 2400 + 320 + 56 = 2720 + 56 = 2776` (zero digits have no part)."""
-
-    def parts(n: int) -> list[int]:
-        return [int(d) * 10 ** (len(str(n)) - 1 - k) for k, d in enumerate(str(n)) if d != "0"] or [0]
-
-    terms = [(x, y) for x in parts(a) for y in parts(b)]
-    values = [x * y for x, y in terms]
-    steps = [" + ".join(f"{x}*{y}" for x, y in terms)]
-    while len(values) > 1:
-        steps.append(" + ".join(map(str, values)))
-        values = [values[0] + values[1], *values[2:]]
-    return f"{a}*{b} = " + " = ".join([*steps, str(values[0])] if len(terms) > 1 else [str(values[0])])
-
-
 class Multiply:
     name = "multiply"
 

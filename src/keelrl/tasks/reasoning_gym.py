@@ -159,11 +159,6 @@ def _registry() -> dict[str, Any]:
     return DATASETS
 
 
-def dataset_names() -> list[str]:
-    """Every reasoning-gym dataset name, sorted."""
-    return sorted(_registry())
-
-
 def jsonable(value: Any) -> Any:
     """`value` as plain JSON: tuples and sets as lists, dict keys as strings, non-finite floats and
     other objects as their repr."""
