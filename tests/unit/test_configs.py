@@ -48,3 +48,19 @@ def test_selfplay_countdown_is_the_demo_rl_stage_with_self_play() -> None:
     }
     rl.pop("selfplay")
     assert selfplay == rl
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_smollm2_presets_are_the_recipes_stages(stage: str) -> None:
+    from keelrl.recipes.smollm2 import Plan, rl_config, sft_config
+
+    runs = Path("runs/smollm2")
+    recipe = {
+        "sft": sft_config(runs / "sft_data.jsonl", Plan(), seed=0, threads=1),
+        "grpo": rl_config(runs / "sft" / "final", Plan(), seed=0, threads=1),
+    }[stage]
+    shipped = load_config(Path(__file__).parents[2] / "configs" / f"smollm2_{stage}.toml").model_dump()
+    expected = config_from_dict(recipe).model_dump()
+    # the recipe runs its stages in-process; a `keelrl train` of the same config is supervised
+    shipped.pop("supervisor"), expected.pop("supervisor")
+    assert shipped == expected

@@ -1,4 +1,4 @@
-"""Stages: what one step of the training loop does, one folder each (rl/, stages/sft/, stages/rm/, stages/selfplay/), each described by
+"""Stages: what one step of the training loop does, one folder each (rl/, sft/, rm/, selfplay/), each described by
 a `Stage` (base.py) in its stage.py and registered here by name. The loop asks `STAGES[cfg.train.stage]` and never
 branches on the name; adding a stage is its folder plus one line in `STAGES`."""
 
