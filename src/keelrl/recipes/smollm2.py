@@ -56,8 +56,8 @@ TASK = "keelrl.recipes.smollm2:SearchChat"
 class SearchChat(CountdownSearch):
     """`countdown_search` (its problems, splits, checker and search statistics) behind a short chat prompt:
     "Numbers: 9 4 1. Target: 13." Measured: after the same SFT, the bare compact prompt ("9 4 1 -> 13" as raw
-    text) left SmolLM2 copying wrong numbers (0.23 held-out), and TinyZero's 100-token instruction makes each
-    RL step about twice as long as this one."""
+    text) left SmolLM2 copying wrong numbers (0.23 held-out); TinyZero's 100-token instruction would add about
+    twice this prompt's tokens to every sequence each RL step trains on (estimated from token counts, not run)."""
 
     name = "smollm2_countdown"
 
@@ -195,8 +195,10 @@ def run_smollm2(
     seconds: dict[str, float] = {}
     t_start = time.time()
 
-    def evaluate(name: str, path: str, template: str, max_new_tokens: int, on: Any) -> Any:
-        policy, tokenizer = load_policy(ModelConfig(path=path))
+    def evaluate(
+        name: str, path: str, template: str, max_new_tokens: int, on: Any, loaded: Any = None
+    ) -> Any:
+        policy, tokenizer = loaded if loaded is not None else load_policy(ModelConfig(path=path))
         report = evaluate_policy(
             console, policy, tokenizer, on, template, max_new_tokens, plan.eval_problems, seed, path
         )
@@ -212,18 +214,20 @@ def run_smollm2(
 
     data_path = out / "sft_data.jsonl"
 
-    def write_data() -> None:
-        _, tokenizer = load_policy(ModelConfig(path="smollm2"))
-        records = sft_records(task, tokenizer, plan.sft_examples, seed)
+    def write_data() -> Any:
+        """The traces; returns the loaded base model, which the base eval uses next (loading it takes ~20 s)."""
+        base_model = load_policy(ModelConfig(path="smollm2"))
+        records = sft_records(task, base_model[1], plan.sft_examples, seed)
         data_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return base_model
 
     def train_stage(name: str, config: dict[str, Any]) -> dict[str, Any]:
-        return train(config_from_dict(config, "keelrl demo --model smollm2"), out / name, resume="auto")
+        return train(config_from_dict(config, "keelrl demo --recipe smollm2"), out / name, resume="auto")
 
     sft_final, rl_final = out / "sft" / "final", out / "rl" / "final"
-    timed("data", f"1/6 {plan.sft_examples} search traces of train problems", write_data)
+    base_model = timed("data", f"1/6 {plan.sft_examples} search traces of train problems", write_data)
     base = timed("base_eval", "2/6 evaluating the base model (chat template, answer only)",
-                 lambda: evaluate("base", "smollm2", "chat", 16, get_task("countdown", **TASK_PARAMS)))  # fmt: skip
+                 lambda: evaluate("base", "smollm2", "chat", 16, get_task("countdown", **TASK_PARAMS), base_model))  # fmt: skip
     timed("sft", f"3/6 SFT ({plan.sft_steps} steps of {plan.sft_batch} traces, run dir {out / 'sft'})",
           lambda: train_stage("sft", sft_config(data_path, plan, seed, threads)))  # fmt: skip
     sft = timed("sft_eval", "4/6 evaluating the SFT model (a short chat prompt: it writes a search)",
@@ -234,7 +238,8 @@ def run_smollm2(
                   lambda: evaluate("final", str(rl_final), "chat", plan.max_new_tokens, task))  # fmt: skip
 
     families = by_family(base, final)
-    overall, rl_only = compare_results(base, final)["metrics"]["accuracy"], compare_results(sft, final)
+    overall = compare_results(base, final)["metrics"]["accuracy"]
+    rl_only = compare_results(sft, final)["metrics"]["accuracy"]
     summary = {
         "seed": seed,
         **accuracy_fields("base", base),
@@ -243,8 +248,8 @@ def run_smollm2(
         "accuracy_change": overall["diff"],
         "accuracy_change_ci95": overall["ci"],
         "verdict": overall["verdict"],
-        "rl_change": rl_only["metrics"]["accuracy"]["diff"],
-        "rl_change_ci95": rl_only["metrics"]["accuracy"]["ci"],
+        "rl_change": rl_only["diff"],
+        "rl_change_ci95": rl_only["ci"],
         "stage_accuracy": {"base": accuracy(base), "sft": accuracy(sft), "rl": accuracy(final)},
         "by_family": families,
         "families_lost": family_losses(families),
