@@ -80,6 +80,7 @@ class Plan:
     rl_problems: int = 8
     rl_group: int = 8
     rl_lr: float = 1e-5
+    rl_minibatches: int = 1  # optimizer steps per sampled batch (PPO mini-batches; the clip bounds the later ones)
     max_new_tokens: int = MAX_TRACE_TOKENS
     eval_problems: int = EVAL_PROBLEMS
 
@@ -162,7 +163,13 @@ def rl_config(base: Path, plan: Plan, seed: int, threads: int) -> dict[str, Any]
             "max_new_tokens": plan.max_new_tokens,
             "temperature": 1.0,
         },
-        "algo": {"lr": plan.rl_lr, "advantage": "grpo", "loss_agg": "token_mean", "clip_high": 0.28},
+        "algo": {
+            "lr": plan.rl_lr,
+            "advantage": "grpo",
+            "loss_agg": "token_mean",
+            "clip_high": 0.28,
+            "minibatches": plan.rl_minibatches,
+        },
         "train": {"steps": plan.rl_steps, "micro_batch_size": 8, "seed": seed, "threads": threads},
         "eval": {"every_steps": 0, "at_start": False, "problems": 32},
         "checkpoint": {"every_steps": max(1, plan.rl_steps // 2), "keep_last": 1, "keep_best": 0},
@@ -172,10 +179,15 @@ def rl_config(base: Path, plan: Plan, seed: int, threads: int) -> dict[str, Any]
 
 
 def run_smollm2(
-    seed: int = 0, out: str | Path = "runs/smollm2", threads: int = 0, quick: bool = False
+    seed: int = 0,
+    out: str | Path = "runs/smollm2",
+    threads: int = 0,
+    quick: bool = False,
+    plan: Plan | None = None,
 ) -> dict[str, Any]:
     """The whole recipe (module docstring); returns and writes OUT/summary.json. `threads`: torch's CPU threads
-    (0: torch's default, all cores; 1 is far steadier when other programs compete for the cores)."""
+    (0: torch's default, all cores; 1 is far steadier when other programs compete for the cores). `plan`
+    replaces the recipe's stage sizes (`quick` takes `Plan.quick()`)."""
     from keelrl.config import ModelConfig, config_from_dict
     from keelrl.evals import compare_results
     from keelrl.loop.trainer import train
@@ -187,7 +199,7 @@ def run_smollm2(
     if threads > 0:
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
-    plan = Plan.quick() if quick else Plan()
+    plan = plan or (Plan.quick() if quick else Plan())
     console = make_console(stderr=True, highlight=False)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
