@@ -64,3 +64,10 @@ def test_its_chat_template_carries_multi_turn_episodes(smollm2) -> None:
     assert tok.decode(reply) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
     cut = fmt.reply(opening, [{"role": "tool", "name": "calc", "content": "42"}], None)
     assert tok.decode(cut).startswith("<|im_end|>\n<|im_start|>tool")
+
+
+def test_loading_draws_no_progress_bar_into_a_piped_log(smollm2, capfd) -> None:
+    """Under pytest stderr is not a terminal: transformers' GGUF conversion bar (one line per redraw in a piped
+    log) must stay silent there."""
+    load_policy(ModelConfig(path="smollm2"))
+    assert "Converting and de-quantizing" not in capfd.readouterr().err

@@ -231,6 +231,14 @@ def load_gguf(
         raise ModelLoadError(
             f"loading {path.name} needs the `gguf` package: `pip install gguf` (or keelrl[gguf])."
         ) from None
+    import functools
+
+    import tqdm.auto
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    # transformers draws its GGUF conversion bar whatever the output: a piped log got one line per redraw.
+    # disable=None is tqdm's "draw only on a terminal".
+    gguf_utils.tqdm = functools.partial(tqdm.auto.tqdm, disable=None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = HEADS[head].from_pretrained(
