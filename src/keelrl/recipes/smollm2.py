@@ -80,7 +80,9 @@ class Plan:
     rl_problems: int = 8
     rl_group: int = 8
     rl_lr: float = 2e-6  # 1e-5 made it worse (-0.134 on seed 0); docs/RESULTS.md
-    rl_minibatches: int = 4  # optimizer steps per sampled batch (PPO mini-batches; the clip bounds the later ones)
+    rl_minibatches: int = (
+        4  # optimizer steps per sampled batch (PPO mini-batches; the clip bounds the later ones)
+    )
     max_new_tokens: int = MAX_TRACE_TOKENS
     eval_problems: int = EVAL_PROBLEMS
 
