@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from keelrl.recipes.smollm2 import (
     MAX_TRACE_TOKENS,
@@ -60,3 +63,16 @@ def test_by_family_pairs_problems_and_flags_a_collapse() -> None:
     assert family_losses(families) == ["n2 *"]
     assert family_losses({"n2 *": [0.25, 0.0]}) == []  # not solved before: nothing to lose
     assert family_losses({"n2 *": [0.5, 0.4]}) == []  # 0.10 is allowed
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_plan_gives_stages_their_checks_accept(quick: bool, tmp_path: Path) -> None:
+    """A plan's sizes must fit together (e.g. the RL mini-batch must be a multiple of the micro-batch): a plan the
+    checks refuse would fail only after the traces, the base eval and the SFT stage had run."""
+    from keelrl.config import config_from_dict
+    from keelrl.recipes.smollm2 import Plan, rl_config, sft_config
+    from keelrl.stages import check_stage
+
+    plan = Plan.quick() if quick else Plan()
+    check_stage(config_from_dict(sft_config(tmp_path / "data.jsonl", plan, seed=0, threads=1)))
+    check_stage(config_from_dict(rl_config(tmp_path / "sft" / "final", plan, seed=0, threads=1)))

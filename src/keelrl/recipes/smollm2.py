@@ -80,9 +80,8 @@ class Plan:
     rl_problems: int = 8
     rl_group: int = 8
     rl_lr: float = 2e-6  # 1e-5 made it worse (-0.134 on seed 0); docs/RESULTS.md
-    rl_minibatches: int = (
-        4  # optimizer steps per sampled batch (PPO mini-batches; the clip bounds the later ones)
-    )
+    # optimizer steps per sampled batch (PPO mini-batches; the clip bounds the later ones)
+    rl_minibatches: int = 4
     max_new_tokens: int = MAX_TRACE_TOKENS
     eval_problems: int = EVAL_PROBLEMS
 
@@ -90,7 +89,7 @@ class Plan:
     def quick() -> Plan:
         """A smoke run of every stage (minutes): the numbers it prints mean nothing."""
         return Plan(sft_examples=64, sft_steps=2, sft_batch=8, rl_steps=2, rl_problems=2, rl_group=4,
-                    max_new_tokens=48, eval_problems=16)  # fmt: skip
+                    rl_minibatches=1, max_new_tokens=48, eval_problems=16)  # fmt: skip
 
 
 def sft_records(task: Any, tokenizer: Any, count: int, seed: int) -> list[dict[str, Any]]:
