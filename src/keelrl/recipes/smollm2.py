@@ -195,6 +195,7 @@ def run_smollm2(
     from keelrl.models.load import load_policy
     from keelrl.monitor.sinks import make_console
     from keelrl.recipes.demo import cpu_model, evaluate_policy
+    from keelrl.stages import check_stage
     from keelrl.tasks import get_task
 
     if threads > 0:
@@ -234,19 +235,31 @@ def run_smollm2(
         data_path.write_text("".join(json.dumps(r) + "\n" for r in records))
         return base_model
 
-    def train_stage(name: str, config: dict[str, Any]) -> dict[str, Any]:
-        return train(config_from_dict(config, "keelrl demo --recipe smollm2"), out / name, resume="auto")
-
     sft_final, rl_final = out / "sft" / "final", out / "rl" / "final"
+    # Both training stages' configs, checked before any work: a plan whose sizes do not fit would otherwise
+    # stop only after the traces, the base eval and the SFT stage had run.
+    configs = {
+        name: config_from_dict(config, "keelrl demo --recipe smollm2")
+        for name, config in (
+            ("sft", sft_config(data_path, plan, seed, threads)),
+            ("rl", rl_config(sft_final, plan, seed, threads)),
+        )
+    }
+    for config in configs.values():
+        check_stage(config)
+
+    def train_stage(name: str) -> dict[str, Any]:
+        return train(configs[name], out / name, resume="auto")
+
     base_model = timed("data", f"1/6 {plan.sft_examples} search traces of train problems", write_data)
     base = timed("base_eval", "2/6 evaluating the base model (chat template, answer only)",
                  lambda: evaluate("base", "smollm2", "chat", 16, get_task("countdown", **TASK_PARAMS), base_model))  # fmt: skip
     timed("sft", f"3/6 SFT ({plan.sft_steps} steps of {plan.sft_batch} traces, run dir {out / 'sft'})",
-          lambda: train_stage("sft", sft_config(data_path, plan, seed, threads)))  # fmt: skip
+          lambda: train_stage("sft"))  # fmt: skip
     sft = timed("sft_eval", "4/6 evaluating the SFT model (a short chat prompt: it writes a search)",
                 lambda: evaluate("sft", str(sft_final), "chat", plan.max_new_tokens, task))  # fmt: skip
     rl_summary = timed("rl", f"5/6 GRPO ({plan.rl_steps} steps of {plan.rl_problems} x {plan.rl_group})",
-                       lambda: train_stage("rl", rl_config(sft_final, plan, seed, threads)))  # fmt: skip
+                       lambda: train_stage("rl"))  # fmt: skip
     final = timed("final_eval", "6/6 evaluating the final model",
                   lambda: evaluate("final", str(rl_final), "chat", plan.max_new_tokens, task))  # fmt: skip
 
