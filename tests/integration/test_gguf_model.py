@@ -71,3 +71,21 @@ def test_loading_draws_no_progress_bar_into_a_piped_log(smollm2, capfd) -> None:
     log) must stay silent there."""
     load_policy(ModelConfig(path="smollm2"))
     assert "Converting and de-quantizing" not in capfd.readouterr().err
+
+
+def test_the_longest_worked_product_fits_the_multiply_tracks_tokens(smollm2) -> None:
+    """The SmolLM2 recipe's Multiplication track trains on `worked_product` texts and samples at most
+    `max_new_tokens`: the longest text of its families (2x1, 2x2 digits) must fit, end of turn included."""
+    from keelrl.recipes.smollm2 import MULTIPLY_FAMILIES, TRACKS
+    from keelrl.tasks.multiply import worked_product
+
+    _, tok = smollm2
+    longest = max(
+        len(tok(worked_product(a, b))["input_ids"])
+        for da, db in MULTIPLY_FAMILIES
+        for a in range(10 ** (da - 1), 10**da)
+        for b in range(10 ** (db - 1), 10**db)
+    )
+    assert (
+        100 < longest < TRACKS["multiply"].plan.max_new_tokens
+    )  # measured: 120 (99 * 99); at least one EOS left

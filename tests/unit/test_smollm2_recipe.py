@@ -10,6 +10,7 @@ import pytest
 from keelrl.recipes.smollm2 import (
     MAX_TRACE_TOKENS,
     TASK_PARAMS,
+    TRACKS,
     by_family,
     family,
     family_losses,
@@ -65,14 +66,44 @@ def test_by_family_pairs_problems_and_flags_a_collapse() -> None:
     assert family_losses({"n2 *": [0.5, 0.4]}) == []  # 0.10 is allowed
 
 
+@pytest.mark.parametrize("track", sorted(TRACKS))
 @pytest.mark.parametrize("quick", [False, True])
-def test_every_plan_gives_stages_their_checks_accept(quick: bool, tmp_path: Path) -> None:
+def test_every_plan_gives_stages_their_checks_accept(quick: bool, track: str, tmp_path: Path) -> None:
     """A plan's sizes must fit together (e.g. the RL mini-batch must be a multiple of the micro-batch): a plan the
     checks refuse would fail only after the traces, the base eval and the SFT stage had run."""
     from keelrl.config import config_from_dict
     from keelrl.recipes.smollm2 import Plan, rl_config, sft_config
     from keelrl.stages import check_stage
 
-    plan = Plan.quick() if quick else Plan()
-    check_stage(config_from_dict(sft_config(tmp_path / "data.jsonl", plan, seed=0, threads=1)))
-    check_stage(config_from_dict(rl_config(tmp_path / "sft" / "final", plan, seed=0, threads=1)))
+    t = TRACKS[track]
+    plan = Plan.quick() if quick else t.plan
+    check_stage(config_from_dict(sft_config(tmp_path / "data.jsonl", plan, seed=0, threads=1, track=t)))
+    check_stage(config_from_dict(rl_config(tmp_path / "sft" / "final", plan, seed=0, threads=1, track=t)))
+
+
+def test_multiply_track_trains_on_correct_worked_products_of_train_pairs_only() -> None:
+    t = TRACKS["multiply"]
+    task = get_task(t.task, **t.params)
+    records = t.records(task, CharTokens(), 200, 0)
+    families = [t.family(r["problem"]) for r in records]
+    assert families[:4] == ["2x1", "2x2", "2x1", "2x2"]  # the families alternate
+    test_pairs = {tuple(sorted((p["a"], p["b"]))) for p in (task.problem("test", i) for i in range(400))}
+    assert len(test_pairs) > 150  # enough distinct held-out pairs for an eval of hundreds
+    for r in records:
+        p = r["problem"]
+        assert tuple(sorted((p["a"], p["b"]))) not in test_pairs
+        assert task.score(p, r["completion"]).correct, r["completion"]
+
+
+def test_multiply_track_asks_the_base_for_the_product_and_the_others_for_their_work() -> None:
+    t = TRACKS["multiply"]
+    trained, base = get_task(t.task, **t.params), get_task(t.base_task, **t.base_params)
+    p = trained.problem("test", 1)
+    assert p == base.problem("test", 1)  # the same held-out problems
+    assert trained.prompt(p, "chat").user == f"What is {p['a']} * {p['b']}?"
+    asked = base.prompt(p, "chat")
+    assert "Write only the number" in asked.user and asked.assistant_prefix == "<answer>"
+    # the answer-only prompt's answer may end at its line's end; the work it replaces may not stand in the tags
+    assert base.score(p, f"<answer>{p['a'] * p['b']}\nmore").correct
+    assert not base.score(p, f"<answer>{p['a']} * {p['b']} = {p['a'] * p['b']}</answer>").correct
+    assert not trained.score(p, f"{p['a'] * p['b']}").correct  # the trained prompt needs the answer block

@@ -160,9 +160,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.recipe == "smollm2":  # a real pretrained model: SFT on search traces, then GRPO
         from keelrl.recipes.smollm2 import run_smollm2
 
-        run_smollm2(
-            seed=args.seed, out=Path(args.out or "runs/smollm2"), threads=args.threads, quick=args.quick
-        )
+        run_smollm2(seed=args.seed, out=args.out, threads=args.threads, quick=args.quick, task=args.task)
         return 0
     from keelrl.recipes.demo import run_demo
 
@@ -382,10 +380,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine", choices=["hf", "vllm"], default="hf", help="what samples during RL (rollout.engine)"
     )
     m.add_argument(
-        "--out", default=None, help="output directory (default runs/demo, runs/demo_search, runs/smollm2)"
+        "--out",
+        default=None,
+        help="output directory (default runs/demo, runs/demo_search, runs/smollm2[_multiply])",
     )
     m.add_argument(
         "--quick", action="store_true", help="--recipe smollm2: a smoke run of every stage (minutes)"
+    )
+    m.add_argument(
+        "--task",
+        choices=["countdown", "multiply"],
+        default="countdown",
+        help="--recipe smollm2: the task (multiply: 2-digit by 1- and 2-digit Multiplication)",
     )
     m.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
     m.set_defaults(func=cmd_demo)

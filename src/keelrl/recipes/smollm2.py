@@ -19,6 +19,10 @@ Countdown once it has a way to search, the recipe is:
 
 Every eval is greedy on the same `EVAL_PROBLEMS` held-out problems. What was tried and how it measured is in
 docs/RESULTS.md ("The SmolLM2 recipe").
+
+The same lifecycle runs on a second task of another kind (`--task multiply`, `TRACKS`): 2-digit by 1- and 2-digit
+Multiplication, SFT on written long multiplications (`tasks/multiply.py: worked_product`), then GRPO; its base
+eval asks for the product only.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +38,10 @@ from typing import Any
 import torch
 
 from keelrl.core.seeds import stable_hash
-from keelrl.tasks.base import Prompt, Template
+from keelrl.tasks.base import Prompt, Split, Template
 from keelrl.tasks.countdown import solve
 from keelrl.tasks.countdown_search import GIVE_UP, CountdownSearch, search_trace
+from keelrl.tasks.multiply import Multiply, worked_product
 
 TASK_PARAMS: dict[str, Any] = {
     "min_numbers": 2,
@@ -92,6 +98,29 @@ class Plan:
                     rl_minibatches=1, max_new_tokens=48, eval_problems=16)  # fmt: skip
 
 
+MULTIPLY_PARAMS: dict[str, Any] = {"digits_a": 2, "digits_b": 2, "test_fraction": 0.2}
+MULTIPLY_FAMILIES = ((2, 1), (2, 2))  # (digits of a, digits of b), drawn in turn
+MULTIPLY_TASK = "keelrl.recipes.smollm2:MultiplyChat"
+
+
+class MultiplyChat(Multiply):
+    """Multiplication for the recipe: problems alternate between the `MULTIPLY_FAMILIES` (each family its own seeded
+    stream, split by pair like `multiply`), behind a short chat prompt ("What is 47 * 23?") after which the model
+    writes the work itself; with `think=False` the answer-only prompt of `multiply` (the base model's eval).
+    1x1 is left out: its test split holds a handful of pairs, so an eval of hundreds would repeat them."""
+
+    name = "smollm2_multiply"
+
+    def problem(self, split: Split, index: int) -> dict[str, Any]:
+        da, db = MULTIPLY_FAMILIES[index % len(MULTIPLY_FAMILIES)]
+        return self._generate(split, index // len(MULTIPLY_FAMILIES), da, db, f"{da}x{db}")
+
+    def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
+        if template != "chat" or not self.params.think:
+            return super().prompt(problem, template)
+        return Prompt("", f"What is {problem['a']} * {problem['b']}?", "")
+
+
 def sft_records(task: Any, tokenizer: Any, count: int, seed: int) -> list[dict[str, Any]]:
     """`count` SFT records `{"problem", "completion"}` over train problems 0, 1, ...: a search trace drawn
     from `TRACE_MIX`, kept only if it ends in an answer and fits `MAX_TRACE_TOKENS` tokens."""
@@ -110,6 +139,13 @@ def sft_records(task: Any, tokenizer: Any, count: int, seed: int) -> list[dict[s
     return records
 
 
+def multiply_records(task: Any, tokenizer: Any, count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` SFT records over train problems 0, 1, ...: the worked long multiplication (`worked_product`). The
+    work is a function of the problem, so `seed` and `tokenizer` are unused (same signature as `sft_records`)."""
+    problems = (task.problem("train", i) for i in range(count))
+    return [{"problem": p, "completion": worked_product(p["a"], p["b"])} for p in problems]
+
+
 def family(problem: dict[str, Any]) -> str:
     """A problem's family: its count of numbers and the operations of the first solution the brute-force solver
     finds, e.g. "n3 *+" (operations in the order + - * /)."""
@@ -118,11 +154,13 @@ def family(problem: dict[str, Any]) -> str:
     return f"n{len(problem['numbers'])} {ops or '?'}"
 
 
-def by_family(before: Any, after: Any) -> dict[str, list[float]]:
+def by_family(
+    before: Any, after: Any, family_of: Callable[[dict[str, Any]], str] = family
+) -> dict[str, list[float]]:
     """{family: [accuracy before, accuracy after]} over the paired problems of two greedy eval reports."""
     sums: dict[str, list[float]] = {}
     for b, a in zip(before.records, after.records, strict=True):
-        row = sums.setdefault(family(b.problem), [0.0, 0.0, 0.0])
+        row = sums.setdefault(family_of(b.problem), [0.0, 0.0, 0.0])
         row[0] += float(b.correct[0])
         row[1] += float(a.correct[0])
         row[2] += 1
@@ -135,10 +173,55 @@ def family_losses(families: dict[str, list[float]], solved: float = 0.30, allowe
     return [k for k, (b, a) in families.items() if b >= solved and b - a > allowed]
 
 
-def sft_config(data_path: Path, plan: Plan, seed: int, threads: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Track:
+    """What the recipe needs of one task: the task its stages train and are judged on, the task and eval length
+    of the base model's answer-only eval (on the same held-out problems), how SFT data is written, how problems
+    fall into families, the default plan, and the task's words for the summary table."""
+
+    task: str
+    params: dict[str, Any]
+    base_task: str
+    base_params: dict[str, Any]
+    records: Callable[[Any, Any, int, int], list[dict[str, Any]]]
+    family: Callable[[dict[str, Any]], str]
+    plan: Plan
+    title: str
+    out: str
+
+
+TRACKS: dict[str, Track] = {
+    "countdown": Track(
+        task=TASK,
+        params=TASK_PARAMS,
+        base_task="countdown",
+        base_params=TASK_PARAMS,
+        records=sft_records,
+        family=family,
+        plan=Plan(),
+        title="Countdown (2-3 numbers)",
+        out="runs/smollm2",
+    ),
+    "multiply": Track(
+        task=MULTIPLY_TASK,
+        params=MULTIPLY_PARAMS,
+        base_task=MULTIPLY_TASK,
+        base_params={**MULTIPLY_PARAMS, "think": False},
+        records=multiply_records,
+        family=MultiplyChat(**MULTIPLY_PARAMS).difficulty,  # the digits of the factors: "2x1"
+        plan=Plan(max_new_tokens=128),  # the longest worked product, 99 * 99, is 120 tokens
+        title="Multiplication (2x1 and 2x2 digits)",
+        out="runs/smollm2_multiply",
+    ),
+}
+
+
+def sft_config(
+    data_path: Path, plan: Plan, seed: int, threads: int, track: Track = TRACKS["countdown"]
+) -> dict[str, Any]:
     return {
         "model": {"path": "smollm2"},
-        "task": {"name": TASK, "template": "chat", "params": TASK_PARAMS, "seed": 0},
+        "task": {"name": track.task, "template": "chat", "params": track.params, "seed": 0},
         "data": {
             "path": str(data_path),
             "batch_size": plan.sft_batch,
@@ -154,10 +237,12 @@ def sft_config(data_path: Path, plan: Plan, seed: int, threads: int) -> dict[str
     }
 
 
-def rl_config(base: Path, plan: Plan, seed: int, threads: int) -> dict[str, Any]:
+def rl_config(
+    base: Path, plan: Plan, seed: int, threads: int, track: Track = TRACKS["countdown"]
+) -> dict[str, Any]:
     return {
         "model": {"path": str(base)},
-        "task": {"name": TASK, "template": "chat", "params": TASK_PARAMS, "seed": 0},
+        "task": {"name": track.task, "template": "chat", "params": track.params, "seed": 0},
         "rollout": {
             "batch_size": plan.rl_problems * plan.rl_group,
             "group_size": plan.rl_group,
@@ -181,14 +266,16 @@ def rl_config(base: Path, plan: Plan, seed: int, threads: int) -> dict[str, Any]
 
 def run_smollm2(
     seed: int = 0,
-    out: str | Path = "runs/smollm2",
+    out: str | Path | None = None,
     threads: int = 0,
     quick: bool = False,
     plan: Plan | None = None,
+    task: str = "countdown",
 ) -> dict[str, Any]:
-    """The whole recipe (module docstring); returns and writes OUT/summary.json. `threads`: torch's CPU threads
-    (0: torch's default, all cores; 1 is far steadier when other programs compete for the cores). `plan`
-    replaces the recipe's stage sizes (`quick` takes `Plan.quick()`)."""
+    """The whole recipe (module docstring) on `task` (a key of `TRACKS`); returns and writes OUT/summary.json
+    (OUT: the track's run folder unless given). `threads`: torch's CPU threads (0: torch's default, all cores; 1 is
+    far steadier when other programs compete for the cores). `plan` replaces the track's stage sizes (`quick`
+    takes `Plan.quick()`)."""
     from keelrl.config import ModelConfig, config_from_dict
     from keelrl.evals import compare_results
     from keelrl.loop.trainer import train
@@ -201,11 +288,14 @@ def run_smollm2(
     if threads > 0:
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
-    plan = plan or (Plan.quick() if quick else Plan())
+    if task not in TRACKS:
+        raise ValueError(f"smollm2 recipe: unknown task {task!r}; choose from {sorted(TRACKS)}")
+    track = TRACKS[task]
+    plan = plan or (Plan.quick() if quick else track.plan)
     console = make_console(stderr=True, highlight=False)
-    out = Path(out)
+    out = Path(out or track.out)
     out.mkdir(parents=True, exist_ok=True)
-    task = get_task(TASK, **TASK_PARAMS)
+    on = get_task(track.task, **track.params)
     seconds: dict[str, float] = {}
     t_start = time.time()
 
@@ -231,7 +321,7 @@ def run_smollm2(
     def write_data() -> Any:
         """The traces; returns the loaded base model, which the base eval uses next (loading it takes ~20 s)."""
         base_model = load_policy(ModelConfig(path="smollm2"))
-        records = sft_records(task, base_model[1], plan.sft_examples, seed)
+        records = track.records(on, base_model[1], plan.sft_examples, seed)
         data_path.write_text("".join(json.dumps(r) + "\n" for r in records))
         return base_model
 
@@ -241,8 +331,8 @@ def run_smollm2(
     configs = {
         name: config_from_dict(config, "keelrl demo --recipe smollm2")
         for name, config in (
-            ("sft", sft_config(data_path, plan, seed, threads)),
-            ("rl", rl_config(sft_final, plan, seed, threads)),
+            ("sft", sft_config(data_path, plan, seed, threads, track)),
+            ("rl", rl_config(sft_final, plan, seed, threads, track)),
         )
     }
     for config in configs.values():
@@ -251,22 +341,24 @@ def run_smollm2(
     def train_stage(name: str) -> dict[str, Any]:
         return train(configs[name], out / name, resume="auto")
 
-    base_model = timed("data", f"1/6 {plan.sft_examples} search traces of train problems", write_data)
+    base_task = get_task(track.base_task, **track.base_params)
+    base_model = timed("data", f"1/6 {plan.sft_examples} worked solutions of train problems", write_data)
     base = timed("base_eval", "2/6 evaluating the base model (chat template, answer only)",
-                 lambda: evaluate("base", "smollm2", "chat", 16, get_task("countdown", **TASK_PARAMS), base_model))  # fmt: skip
-    timed("sft", f"3/6 SFT ({plan.sft_steps} steps of {plan.sft_batch} traces, run dir {out / 'sft'})",
+                 lambda: evaluate("base", "smollm2", "chat", 16, base_task, base_model))  # fmt: skip
+    timed("sft", f"3/6 SFT ({plan.sft_steps} steps of {plan.sft_batch} examples, run dir {out / 'sft'})",
           lambda: train_stage("sft"))  # fmt: skip
-    sft = timed("sft_eval", "4/6 evaluating the SFT model (a short chat prompt: it writes a search)",
-                lambda: evaluate("sft", str(sft_final), "chat", plan.max_new_tokens, task))  # fmt: skip
+    sft = timed("sft_eval", "4/6 evaluating the SFT model (a short chat prompt: it writes its work)",
+                lambda: evaluate("sft", str(sft_final), "chat", plan.max_new_tokens, on))  # fmt: skip
     rl_summary = timed("rl", f"5/6 GRPO ({plan.rl_steps} steps of {plan.rl_problems} x {plan.rl_group})",
                        lambda: train_stage("rl"))  # fmt: skip
     final = timed("final_eval", "6/6 evaluating the final model",
-                  lambda: evaluate("final", str(rl_final), "chat", plan.max_new_tokens, task))  # fmt: skip
+                  lambda: evaluate("final", str(rl_final), "chat", plan.max_new_tokens, on))  # fmt: skip
 
-    families = by_family(base, final)
+    families = by_family(base, final, track.family)
     overall = compare_results(base, final)["metrics"]["accuracy"]
     rl_only = compare_results(sft, final)["metrics"]["accuracy"]
     summary = {
+        "task": task,
         "seed": seed,
         **accuracy_fields("base", base),
         **accuracy_fields("before_rl", sft),
@@ -279,7 +371,7 @@ def run_smollm2(
         "stage_accuracy": {"base": accuracy(base), "sft": accuracy(sft), "rl": accuracy(final)},
         "by_family": families,
         "families_lost": family_losses(families),
-        "by_family_sft": by_family(base, sft),
+        "by_family_sft": by_family(base, sft, track.family),
         "eval_problems": len(base.records),
         "plan": asdict(plan),
         "rl_steps": rl_summary.get("steps"),
@@ -290,7 +382,7 @@ def run_smollm2(
         "run_dirs": [str(out / "sft"), str(out / "rl")],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print_summary(console, summary, out)
+    print_summary(console, summary, out, track.title)
     return summary
 
 
@@ -303,12 +395,10 @@ def accuracy_fields(prefix: str, report: Any) -> dict[str, Any]:
     return {f"{prefix}_accuracy": m["value"], f"{prefix}_accuracy_ci95": m["ci95"]}
 
 
-def print_summary(console: Any, s: dict[str, Any], out: Path) -> None:
+def print_summary(console: Any, s: dict[str, Any], out: Path, title: str) -> None:
     from rich.table import Table
 
-    table = Table(
-        title=f"held-out Countdown (2-3 numbers), greedy, {s['eval_problems']} problems (seed {s['seed']})"
-    )
+    table = Table(title=f"held-out {title}, greedy, {s['eval_problems']} problems (seed {s['seed']})")
     for col in ("", "accuracy", "95% interval"):
         table.add_column(col)
     for name, key in (
@@ -322,7 +412,7 @@ def print_summary(console: Any, s: dict[str, Any], out: Path) -> None:
         lo, hi = s[f"{key}_ci95"]
         table.add_row(name, f"{s[key]:+.3f}", f"[{lo:+.3f}, {hi:+.3f}]")
     console.print(table)
-    console.print("by family (count of numbers, operations of a solution): before -> after")
+    console.print("by family: before -> after")
     for k, (b, a) in s["by_family"].items():
         console.print(f"  {k:8s} {b:.2f} -> {a:.2f}", markup=False)
     if s["families_lost"]:

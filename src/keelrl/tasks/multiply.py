@@ -1,7 +1,8 @@
 """Multiplication (TinyZero's variant): compute a x b, with `digits_a` and `digits_b` digits.
 Reward: 1.0 when the last `<answer>` block holds exactly the product as an integer (`,` or `_` thousands
 separators allowed), 0.1 for a wrong integer, 0.0 without an answer block or integer. Train and test are
-split by the unordered pair {a, b}, so a test pair never appears in training.
+split by the unordered pair {a, b}, so a test pair never appears in training. `worked_product` writes the long
+multiplication a person would (SFT data for models that cannot yet multiply in text).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pydantic import Field, model_validator
 
 from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
+    ANSWER_PREFIX,
     SYSTEM_BASE,
     SYSTEM_CHAT,
     THINK_PREFIX,
@@ -31,6 +33,7 @@ USER_TEXT = (
     "Give me the answer of the following equation: {a} * {b} = ?. Show your work in <think> </think> tags. "
     "And return the final answer in <answer> </answer> tags, for example <answer> 1234 </answer>."
 )
+USER_TEXT_ANSWER_ONLY = "What is {a} * {b}? Write only the number in <answer> </answer> tags."
 
 _INTEGER_RE = re.compile(r"^\s*(-?[0-9]{1,3}(?:[,_][0-9]{3})+|-?[0-9]{1,40})\s*$")  # ASCII digits only
 
@@ -49,6 +52,14 @@ class MultiplyParams(TaskParams):
         "min_digits x min_digits up to digits_a x digits_b, one digit more per rung, the first factor first "
         "(problem() always draws digits_a x digits_b).",
     )
+    think: bool = Field(
+        True,
+        description=(
+            "base/chat templates: ask for the work in <think> tags before the answer (TinyZero). False asks for "
+            "the product only and starts the assistant turn at '<answer>', for small models that cannot yet work "
+            "in text; the answer may then also end at the end of its line instead of '</answer>'."
+        ),
+    )
 
     @model_validator(mode="after")
     def _ladder(self) -> MultiplyParams:
@@ -57,6 +68,36 @@ class MultiplyParams(TaskParams):
                 f"min_digits={self.min_digits} is above both digits_a={self.digits_a} and digits_b={self.digits_b}"
             )
         return self
+
+
+def place_parts(n: int) -> list[int]:
+    """The nonzero place values of a natural number, highest first: 407 -> [400, 7]."""
+    digits = str(n)
+    return [int(d) * 10 ** (len(digits) - 1 - i) for i, d in enumerate(digits) if d != "0"] or [0]
+
+
+def worked_product(a: int, b: int) -> str:
+    """The long multiplication of a * b as a person writes it, ending in the answer block: split b into its place
+    values, multiply a by each through a's place values, add up. Every step is a one-digit fact times powers of ten
+    or a sum, so a small model can learn it from examples. 47 * 8 and 47 * 23:
+
+        47 * 8 = 40 * 8 + 7 * 8 = 320 + 56 = 376            47 * 23 = 47 * 20 + 47 * 3
+        <answer>376</answer>                                47 * 20 = 40 * 20 + 7 * 20 = 800 + 140 = 940
+                                                            47 * 3 = 40 * 3 + 7 * 3 = 120 + 21 = 141
+                                                            940 + 141 = 1081
+                                                            <answer>1081</answer>
+    """
+    parts_a, parts_b = place_parts(a), place_parts(b)
+    lines = [f"{a} * {b} = " + " + ".join(f"{a} * {q}" for q in parts_b)] if len(parts_b) > 1 else []
+    for q in parts_b:
+        if len(parts_a) > 1:
+            terms = " + ".join(f"{p} * {q}" for p in parts_a)
+            lines.append(f"{a} * {q} = {terms} = " + " + ".join(str(p * q) for p in parts_a) + f" = {a * q}")
+        else:
+            lines.append(f"{a} * {q} = {a * q}")
+    if len(parts_b) > 1:
+        lines.append(" + ".join(str(a * q) for q in parts_b) + f" = {a * b}")
+    return "\n".join([*lines, f"<answer>{a * b}</answer>"])
 
 
 def parse_integer(text: str) -> int | None:
@@ -78,12 +119,17 @@ class Multiply:
         a, b = problem["a"], problem["b"]
         if template == "compact":
             return Prompt("", f"{a}*{b}", "")
+        if not self.params.think:
+            system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
+            return Prompt(system, USER_TEXT_ANSWER_ONLY.format(a=a, b=b), ANSWER_PREFIX)
         return Prompt(
             SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, USER_TEXT.format(a=a, b=b), THINK_PREFIX
         )
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         answer = last_answer(completion)
+        if answer is None and not self.params.think and completion.startswith(ANSWER_PREFIX):
+            answer = completion[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
         if answer is None:
             return Score(0.0, False, {"formatted": False, "reason": "no_answer"})
         value = parse_integer(answer)
