@@ -273,6 +273,13 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass (accuracy is then mean@n)")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (same seed, same result)")
+    add_model_options(p)
+    p.add_argument("--batch-size", type=int, default=128, help="completions generated together")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by `eval`, `compare` and `judge`: a model's completion limit, prompts and device."""
     p.add_argument(
         "--max-new-tokens", type=int, default=0, help="completion limit (default: the run's, else 256)"
     )
@@ -289,6 +296,4 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="task parameter, e.g. max_numbers=3",
     )
-    p.add_argument("--batch-size", type=int, default=128, help="completions generated together")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the model runs")
-    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
