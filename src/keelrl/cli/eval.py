@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,18 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
         )
 
 
-def _console() -> Any:
-    """stdout console for result tables."""
+def _show(
+    args: argparse.Namespace, saved: dict[str, Any], shown: dict[str, Any], tables: Callable[[], Any]
+) -> None:
+    """Write `saved` to --out, then print `shown`: as JSON with --json, else the tables `tables()` renders."""
     from keelrl.monitor.sinks import make_console
 
-    return make_console(highlight=False)
+    if args.out:
+        Path(args.out).write_text(json.dumps(saved, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(shown, indent=2))
+    else:
+        make_console(highlight=False).print(*tables())
 
 
 def _read_json(path: str, what: str) -> dict[str, Any]:
@@ -174,13 +182,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         out = eval_model(args, args.model).to_json()
         summary = {k: v for k, v in out.items() if k != "records"}
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        _console().print(*render_summary(summary))
-    return _report_gates(gates, summary, baseline) if gates else 0
+    _show(args, out, summary, lambda: render_summary(summary))
+    return _report_gates(gates, summary, baseline)
 
 
 def _settings_args(
@@ -243,12 +246,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     ]
     comparison = compare_results(reports[0], reports[1], level=args.level, seed=eval_args.seed)
     comparison = {"a": args.a, "b": args.b, **comparison}
-    if args.out:
-        Path(args.out).write_text(json.dumps(comparison, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(comparison, indent=2))
-    else:
-        _console().print(*render_comparison(comparison, args.a, args.b))
+    _show(args, comparison, comparison, lambda: render_comparison(comparison, args.a, args.b))
     if not gates:
         return 0
     return _report_gates(gates, reports[1].summary(), reports[0].summary())
@@ -273,6 +271,13 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass (accuracy is then mean@n)")
     p.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed (same seed, same result)")
+    add_model_options(p)
+    p.add_argument("--batch-size", type=int, default=128, help="completions generated together")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by `eval`, `compare` and `judge`: a model's completion limit, prompts and device."""
     p.add_argument(
         "--max-new-tokens", type=int, default=0, help="completion limit (default: the run's, else 256)"
     )
@@ -289,6 +294,4 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="task parameter, e.g. max_numbers=3",
     )
-    p.add_argument("--batch-size", type=int, default=128, help="completions generated together")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the model runs")
-    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from keelrl.cli.eval import add_model_options
 from keelrl.judge.server import serve
 from keelrl.judge.session import (
     JudgeError,
@@ -65,25 +66,12 @@ def add_judge_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--problems", type=int, default=20, help="held-out problems (every model pair meets on each)"
     )
-    p.add_argument(
-        "--task-param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="task parameter, e.g. max_numbers=3",
-    )
-    p.add_argument(
-        "--template", choices=["auto", "base", "chat", "compact", "qwen_instruct"], help="prompt rendering"
-    )
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    p.add_argument(
-        "--max-new-tokens", type=int, default=0, help="completion limit (default: the run's, else 256)"
-    )
+    add_model_options(p)
     p.add_argument("--seed", type=int, default=0, help="sampling, side and order seed")
     p.add_argument("--session", help="session directory (default ./judge_session; an existing one resumes)")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (0 = any free port)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where the models run")
     p.add_argument("--results", metavar="SESSION", help="print this session's results instead of serving")
     p.add_argument("--json", action="store_true", help="with --results: print JSON")
     p.add_argument(

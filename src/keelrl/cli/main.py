@@ -188,12 +188,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_judge(args: argparse.Namespace) -> int:
-    from keelrl.cli.judge import cmd_judge as judge
-
-    return judge(args)
-
-
 def cmd_fields(args: argparse.Namespace) -> int:
     for name, default, doc in describe_fields(Config):
         print(f"{name} = {default}\n    {doc}")
@@ -417,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
         "judge",
         help="blind A/B page: people compare models' completions side by side (--results: rankings, export)",
     )
-    from keelrl.cli.judge import add_judge_options
+    from keelrl.cli.judge import add_judge_options, cmd_judge
 
     add_judge_options(j)
     j.set_defaults(func=cmd_judge)

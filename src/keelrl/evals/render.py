@@ -10,6 +10,11 @@ def _fmt(x: float) -> str:
     return f"{x:.4f}" if abs(x) < 1000 else f"{x:.1f}"
 
 
+def _interval(metric: Mapping[str, Any]) -> str:
+    lo, hi = metric["ci95"]
+    return f"[{_fmt(lo)}, {_fmt(hi)}]"
+
+
 def render_summary(summary: Mapping[str, Any]) -> list[Any]:
     """Rich renderables for an eval summary (or perplexity result): metric table, difficulty breakdown."""
     from rich import box
@@ -30,8 +35,7 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
     table.add_column("value", justify="right")
     table.add_column("95% CI", justify="right")
     for name, m in summary.get("metrics", {}).items():
-        lo, hi = m["ci95"]
-        table.add_row(name, _fmt(m["value"]), f"[{_fmt(lo)}, {_fmt(hi)}]")
+        table.add_row(name, _fmt(m["value"]), _interval(m))
     out: list[Any] = [table]
     buckets = summary.get("by_difficulty", {})
     if len(buckets) > 1:
@@ -43,10 +47,7 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
         for n in names:
             by.add_column(f"{n} [95% CI]", justify="right")
         for bucket, b in buckets.items():
-            cells = []
-            for n in names:
-                m = b["metrics"][n]
-                cells.append(f"{_fmt(m['value'])} [{_fmt(m['ci95'][0])}, {_fmt(m['ci95'][1])}]")
+            cells = (f"{_fmt(b['metrics'][n]['value'])} {_interval(b['metrics'][n])}" for n in names)
             by.add_row(bucket, str(b["problems"]), *cells)
         out.append(by)
     if summary.get("score_errors"):

@@ -10,7 +10,7 @@ error is kept (`score_errors`); training leaves such samples out.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,7 +32,6 @@ class ProblemResult:
     index: int
     problem: dict[str, Any]
     difficulty: str
-    texts: list[str] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
     formatted: list[bool] = field(default_factory=list)
@@ -42,6 +41,7 @@ class ProblemResult:
     # per sample: why it has no reward (a checker that raised, a verifier that could not judge: it then counts as
     # not correct), else None
     score_errors: list[str | None] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
     # multi-turn environments only (empty for single-turn tasks): per sample
     turns: list[int] = field(default_factory=list)
     tool_calls: list[int] = field(default_factory=list)
@@ -67,25 +67,11 @@ class ProblemResult:
             self.tool_errors.append(int(info.get("tool_errors", 0)))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "problem": self.problem,
-            "difficulty": self.difficulty,
-            "rewards": self.rewards,
-            "correct": self.correct,
-            "formatted": self.formatted,
-            "truncated": self.truncated,
-            "lengths": self.lengths,
-            "answers": self.answers,
-            "score_errors": self.score_errors,
-            "texts": self.texts,
-            **(
-                {"turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
-                if self.turns
-                else {}
-            ),
-            **({"behaviour": self.behaviour} if self.behaviour else {}),
-        }
+        """Every field, in field order; the episode and behaviour lists only when there are any."""
+        left_out = set() if self.turns else set(EPISODE_STATS.values())
+        if not self.behaviour:
+            left_out.add("behaviour")
+        return {k: v for k, v in asdict(self).items() if k not in left_out}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ProblemResult:

@@ -88,15 +88,10 @@ def generate_completions(
     settings = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature)
     rollouts = run_episodes(make_sampler(None, model, tokenizer), prompter, episodes, settings, batch_size)
     rollouts.sort(key=lambda r: r.problem_index)
-    prompts, texts, verdicts = [], [], []
-    for r in rollouts:
-        prompt, text = prompter.shown(r)
-        prompts.append(prompt)
-        texts.append(text)
-        verdicts.append(bool(r.correct))
+    shown = [prompter.shown(r) for r in rollouts]  # (prompt, completion) per problem
     del model
     gc.collect()
-    return prompts, texts, verdicts
+    return [p for p, _ in shown], [t for _, t in shown], [bool(r.correct) for r in rollouts]
 
 
 def build_pairs(

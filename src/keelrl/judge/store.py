@@ -16,7 +16,7 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,16 @@ class Pair:
     def identical(self) -> bool:
         """Both sides say the same, up to whitespace: nothing for a person to judge."""
         return self.text_a.split() == self.text_b.split()
+
+    def row(self) -> tuple[Any, ...]:
+        """The pair as a row of the `pairs` table (its columns in field order, the problem as JSON)."""
+        cells = astuple(self)
+        return (*cells[:2], json.dumps(self.problem), *cells[3:10], int(self.a_on_left))
+
+    @classmethod
+    def from_row(cls, r: Sequence[Any]) -> Pair:
+        verdicts = (None if c is None else bool(c) for c in r[8:10])
+        return cls(*r[:2], json.loads(r[2]), *r[3:8], *verdicts, bool(r[10]))
 
 
 @dataclass(frozen=True)
@@ -108,44 +118,12 @@ class JudgeStore:
     def add_pairs(self, pairs: Sequence[Pair]) -> None:
         with self._db() as db:
             db.executemany(
-                "INSERT INTO pairs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        p.id,
-                        p.problem_index,
-                        json.dumps(p.problem),
-                        p.prompt,
-                        p.model_a,
-                        p.model_b,
-                        p.text_a,
-                        p.text_b,
-                        p.correct_a,
-                        p.correct_b,
-                        int(p.a_on_left),
-                    )
-                    for p in pairs
-                ],
+                "INSERT INTO pairs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [p.row() for p in pairs]
             )
 
     def pairs(self) -> list[Pair]:
         with self._db() as db:
-            rows = db.execute("SELECT * FROM pairs ORDER BY id").fetchall()
-        return [
-            Pair(
-                r[0],
-                r[1],
-                json.loads(r[2]),
-                r[3],
-                r[4],
-                r[5],
-                r[6],
-                r[7],
-                None if r[8] is None else bool(r[8]),
-                None if r[9] is None else bool(r[9]),
-                bool(r[10]),
-            )
-            for r in rows
-        ]
+            return [Pair.from_row(r) for r in db.execute("SELECT * FROM pairs ORDER BY id")]
 
     def vote(self, pair_id: int, judge: str, outcome: str, now: float | None = None) -> StoredVote:
         """Record `judge`'s vote on pair `pair_id` (replacing an earlier vote of theirs on it)."""

@@ -83,6 +83,10 @@ def _rl_tables(result: dict[str, Any]) -> str:
     return out
 
 
+def _verdict(v: dict[str, Any], fmt: str) -> str:
+    return "inside the interval" if v["inside_interval"] else f"outside the interval by {v['miss']:{fmt}}"
+
+
 def _prediction_html(result: dict[str, Any]) -> str:
     p, v = result.get("prediction"), result.get("validation")
     if not p:
@@ -93,10 +97,7 @@ def _prediction_html(result: dict[str, Any]) -> str:
             f"{_ci(p['interval'], '.4f')} ({p['level']:.0%})."
         )
         if v:
-            verdict = (
-                "inside the interval" if v["inside_interval"] else f"outside the interval by {v['miss']:+.4f}"
-            )
-            text += f" Measured: <b>{v['loss']:.4f}</b>, <b>{verdict}</b>."
+            text += f" Measured: <b>{v['loss']:.4f}</b>, <b>{_verdict(v, '+.4f')}</b>."
         return f"<h2>Prediction and validation</h2>{text}</p>"
     text = (
         f"<p>Made at {_e(p.get('made_at', '?'))}, before the target ran ({_e(p['method'])}): N = {p['parameters']:,}, "
@@ -105,12 +106,9 @@ def _prediction_html(result: dict[str, Any]) -> str:
         f"<b>{p['final']:.3f}</b> {_ci(p['final_interval'])} ({p['level']:.0%}; the fits alone: {_ci(p['final_fit_interval'])})."
     )
     if v:
-        verdict = (
-            "inside the interval" if v["inside_interval"] else f"outside the interval by {v['miss']:+.3f}"
-        )
         text += (
             f" Measured: <b>{v['final_mean']:.3f}</b> (seeds {', '.join(f'{x:.3f}' for x in v['final_per_seed'])}), "
-            f"<b>{verdict}</b>; the predicted curve at the compute it used ({v['final_compute']:.3g}) is {v['predicted_at_final_compute']:.3f}."
+            f"<b>{_verdict(v, '+.3f')}</b>; the predicted curve at the compute it used ({v['final_compute']:.3g}) is {v['predicted_at_final_compute']:.3f}."
         )
     return f"<h2>Prediction and validation</h2>{text}</p>"
 

@@ -49,7 +49,8 @@ class ChatFormat(Protocol):
         ...
 
 
-def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """`text`'s token ids on their own (no special tokens added)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -92,7 +93,7 @@ class TemplateFormat:
             ) from None
 
     def opening(self, messages: Sequence[Message]) -> list[int]:
-        return _encode(self.tokenizer, self._render(self._with_tools(messages), True))
+        return encode_text(self.tokenizer, self._render(self._with_tools(messages), True))
 
     def reply(
         self, messages: Sequence[Message], after: Sequence[Message], last_token: int | None
@@ -104,7 +105,7 @@ class TemplateFormat:
             ended = self.tokenizer.decode([last_token])
             if ended and delta.startswith(ended):
                 delta = delta[len(ended) :]  # the model wrote the end-of-turn token itself
-        return _encode(self.tokenizer, delta)
+        return encode_text(self.tokenizer, delta)
 
 
 class PlainFormat:
@@ -121,14 +122,14 @@ class PlainFormat:
         return "\n".join(out) + "\nAssistant:"
 
     def opening(self, messages: Sequence[Message]) -> list[int]:
-        ids = _encode(self.tokenizer, self._lines(messages))
+        ids = encode_text(self.tokenizer, self._lines(messages))
         bos = self.tokenizer.bos_token_id
         return [bos, *ids] if bos is not None else ids
 
     def reply(
         self, messages: Sequence[Message], after: Sequence[Message], last_token: int | None
     ) -> list[int]:
-        return _encode(self.tokenizer, "\n" + self._lines(after))
+        return encode_text(self.tokenizer, "\n" + self._lines(after))
 
 
 CHAT_FORMATS: dict[str, Callable[..., ChatFormat]] = {"chat": TemplateFormat, "plain": PlainFormat}

@@ -23,7 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 from keelrl.models.weights import untied_state_dict
-from keelrl.rollout.types import Generation, SamplingSettings
+from keelrl.rollout.types import Generation, ReplacementCount, SamplingSettings
 
 if TYPE_CHECKING:
     from keelrl.config import Config
@@ -85,7 +85,7 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
             conn.send(("error", f"{type(err).__name__}: {err}"))
 
 
-class ProcessSampler:
+class ProcessSampler(ReplacementCount):
     """A `Sampler` in a child process (see the module docstring). `threads`: the child's torch threads;
     `on_progress` is called while the child decodes (about once a second), as `HFSampler`'s is per step."""
 
@@ -96,8 +96,6 @@ class ProcessSampler:
         self._version = -1
         self._proc: Any = None
         self._conn: Any = None
-        self.replaced_total = 0
-        self._replaced = 0
         self._start()
 
     def _start(self) -> None:
@@ -118,11 +116,6 @@ class ProcessSampler:
     def engine_pid(self) -> int | None:
         """The child's pid (the kill_engine_at_step drill)."""
         return self._proc.pid if self._proc is not None else None
-
-    def take_replaced(self) -> int:
-        """Children replaced since the last call (collect.pool_metrics reports them)."""
-        n, self._replaced = self._replaced, 0
-        return n
 
     def _wait(self, timeout_s: float, doing: str) -> Any:
         """The child's next reply; EOFError when it died. Polls so that a dead child is noticed; the child's
@@ -165,8 +158,7 @@ class ProcessSampler:
         self._proc.join(timeout=5)
         self._conn.close()
         self._start()
-        self.replaced_total += 1
-        self._replaced += 1
+        self._count_replacement()
         if self._weights is not None:
             self._load(self._weights, self._version)
 

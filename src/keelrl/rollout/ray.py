@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keelrl.config import Config, ConfigError, ModelConfig
+from keelrl.rollout.types import ReplacementCount
 from keelrl.tasks import Task
 from keelrl.tasks.base import Score, score_safely
 
@@ -114,7 +115,7 @@ def lost_actor_errors(ray: Any) -> tuple[type[BaseException], ...]:
     return (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
 
 
-class ActorPool:
+class ActorPool(ReplacementCount):
     """`size` Ray actors of `actor_cls(*args)` (which needs a `pid()` method), each reserving `actor_cpus`
     CPUs, and the loop that runs chunks on them. `prepare(actor)` brings a replacement actor to the others'
     state before it gets work (Ray runs its calls first); `on_progress` is called as chunks finish."""
@@ -142,8 +143,6 @@ class ActorPool:
         ray = import_ray()
         self.role, self.max_retries, self.prepare = role, max_retries, prepare
         self.on_progress = on_progress if on_progress is not None else lambda: None
-        self.replaced_total = 0
-        self.unreported = 0  # replacements not yet counted by `take_replaced`
         self.owns_ray = start_ray(address, ray_cpus or size * actor_cpus)
         self._actor = ray.remote(num_cpus=actor_cpus, max_restarts=0)(actor_cls)
         self._args = args
@@ -174,13 +173,7 @@ class ActorPool:
         self.handles[slot] = self._actor.remote(*self._args)
         if self.prepare is not None:
             self.prepare(self.handles[slot])
-        self.replaced_total += 1
-        self.unreported += 1
-
-    def take_replaced(self) -> int:
-        """Actors replaced since the last call (the trainer reports them once per step)."""
-        n, self.unreported = self.unreported, 0
-        return n
+        self._count_replacement()
 
     def run(self, method: str, chunks: Sequence[tuple[Any, ...]], labels: Sequence[str]) -> list[Any]:
         """`actor.<method>(*chunks[i])` per chunk, results in chunk order; `labels[i]` names it in errors."""

@@ -97,6 +97,23 @@ class Rollout:
         }
 
 
+class ReplacementCount:
+    """Counts the workers (Ray actors, engine or sampling processes) a sampler or pool replaced after they died:
+    `replaced_total` over its life, `take_replaced()` those since the last call (the trainer reports them once
+    per step)."""
+
+    replaced_total = 0
+    _replaced_since = 0
+
+    def _count_replacement(self) -> None:
+        self.replaced_total += 1
+        self._replaced_since += 1
+
+    def take_replaced(self) -> int:
+        n, self._replaced_since = self._replaced_since, 0
+        return n
+
+
 class Sampler(Protocol):
     """Generates completions. Engines: HFSampler (in-process), VLLMSampler (a vLLM process), SamplerPool (Ray
     actors); see `SAMPLERS`."""

@@ -42,7 +42,7 @@ from keelrl.config.vllm import VLLMConfig
 from keelrl.core.procs import log_tail
 from keelrl.models.weights import NamedTensors
 from keelrl.rollout.hf import stop_token_ids
-from keelrl.rollout.types import Generation, SamplingSettings
+from keelrl.rollout.types import Generation, ReplacementCount, SamplingSettings
 
 WEIGHTS_FILE = "weights.bin"
 # the [vllm] settings the engine process passes to vllm.LLM (vllm_server.serve)
@@ -73,7 +73,7 @@ def vllm_missing() -> str | None:
     return None
 
 
-class VLLMSampler:
+class VLLMSampler(ReplacementCount):
     checks_sync = True  # its weights are a copy: step/weight_sync.py verifies every push
 
     def __init__(
@@ -102,8 +102,6 @@ class VLLMSampler:
         self._weights = SharedWeights(self.workdir / WEIGHTS_FILE)
         self._layout: Layout = []
         self._asleep = False
-        self.replaced_total = 0
-        self._replaced_new = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.conn: Connection | None = None
         self._finalizer = weakref.finalize(self, _cleanup, [None], self.workdir)
@@ -144,11 +142,6 @@ class VLLMSampler:
     @property
     def engine_pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
-
-    def take_replaced(self) -> int:
-        """Engine restarts since the last call (the trainer turns them into an event)."""
-        n, self._replaced_new = self._replaced_new, 0
-        return n
 
     def shutdown(self) -> None:
         if self.conn is not None and self.proc is not None and self.proc.poll() is None:
@@ -205,8 +198,7 @@ class VLLMSampler:
         assert self.proc is not None
         self.proc.kill()
         self.proc.wait()
-        self.replaced_total += 1
-        self._replaced_new += 1
+        self._count_replacement()
         self._asleep = False
         self._start()
         if self._layout:  # the newest weights are still in the shared file

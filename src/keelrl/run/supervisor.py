@@ -110,7 +110,6 @@ class Attempt:
     """One worker life."""
 
     started: float
-    start_step: int | None
     end_step: int | None = None
     returncode: int | None = None
     cause: str = ""
@@ -253,7 +252,7 @@ class Supervisor:
         ]
         for pump in self.pumps:
             pump.start()
-        attempt = Attempt(started=time.time(), start_step=self._restore_step())
+        attempt = Attempt(started=time.time())
         self.attempts.append(attempt)
         self._status(state="running", worker_pid=self.proc.pid, restarts=self.restarts)
         return attempt

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from keelrl.rollout.chat import encode_text
+
 CARD = "reward_model.json"
 
 
@@ -34,12 +36,9 @@ def rm_ids(
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
         text = tokenizer.apply_chat_template(messages, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = encode_text(tokenizer, text)
     else:
-        ids = [
-            *tokenizer(prompt, add_special_tokens=False)["input_ids"],
-            *tokenizer(completion, add_special_tokens=False)["input_ids"],
-        ]
+        ids = encode_text(tokenizer, prompt) + encode_text(tokenizer, completion)
     return ids[-max_length:], len(ids) > max_length
 
 

@@ -19,6 +19,7 @@ The stop token trained after each answer is the tokenizer's EOS, the token keelr
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keelrl.core.seeds import stable_hash
-from keelrl.rollout.chat import ChatFormat
+from keelrl.rollout.chat import ChatFormat, encode_text
 
 if TYPE_CHECKING:  # `keelrl train` reads preference pairs (read_pairs) before it imports transformers
     from transformers import PreTrainedTokenizerBase
@@ -168,9 +169,7 @@ def encode_record(
     if stop is None:
         raise DataError("the tokenizer has no EOS token to end answers with")
 
-    def encode(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
+    encode = functools.partial(encode_text, tokenizer)
     if not isinstance(record, dict):
         raise DataError(f"{where}: a record is a JSON object, got {type(record).__name__}")
     if "messages" in record:
