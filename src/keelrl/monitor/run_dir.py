@@ -27,9 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-HEARTBEAT_FILE = (
-    "heartbeat.json"  # the worker's liveness, written by run/supervisor.Heartbeat, read by the doctor
-)
+# the worker's liveness, written by run/supervisor.Heartbeat, read by the doctor
+HEARTBEAT_FILE = "heartbeat.json"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
