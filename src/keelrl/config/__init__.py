@@ -1,8 +1,8 @@
-"""A run's configuration: pydantic sections (sections.py, and one module per section that has its own home here:
-data.py, ladder.py, log.py, models/lora.py, reward.py, selfplay.py, vllm.py), the whole `Config` with its checks across
-sections (root.py), TOML loading, `--set` overrides and error messages (load.py), and the checks of what a run
-names outside its config (checks.py). The sections of the folders below config (`[algo]`, `[guards]`,
-`[sandbox]`) live beside their code; config mounts them."""
+"""A run's configuration: pydantic sections (their base, and the field that mounts one in another: base.py;
+sections.py, and one module per section that has its own home here: data.py, ladder.py, log.py, lora.py, reward.py,
+selfplay.py, vllm.py), the whole `Config` with its checks across sections (root.py), TOML loading, `--set` overrides
+and error messages (load.py), and the checks of what a run names outside its config (checks.py). The sections of
+the folders below config (`[algo]`, `[guards]`, `[sandbox]`) live beside their code; config mounts them."""
 
 from keelrl.config.data import DataConfig
 from keelrl.config.ladder import LadderConfig

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from keelrl.config.base import Section
 
 
-class DataConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+class DataConfig(Section):
     path: str = Field(
         "",
         description=(

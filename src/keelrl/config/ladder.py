@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from keelrl.config.base import Section
 
 
-class LadderConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+class LadderConfig(Section):
     kind: Literal["rl", "pretrain"] = Field(
         "rl",
         description=(

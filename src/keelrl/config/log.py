@@ -3,12 +3,12 @@ monitor/trackers.py). Pydantic only: `keelrl.config` mounts it without importing
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from keelrl.config.base import Section
 
 
-class LogConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+class LogConfig(Section):
     console_every: int = Field(1, ge=1, description="Print a console line every this many steps.")
     progress: bool = Field(True, description="Show a progress bar on a terminal.")
     tensorboard: bool = Field(

@@ -3,12 +3,12 @@ without importing peft or torch."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from keelrl.config.base import Section
 
 
-class LoraConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+class LoraConfig(Section):
     rank: int = Field(
         0,
         ge=0,

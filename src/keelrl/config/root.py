@@ -12,9 +12,10 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import model_validator
 
 from keelrl.algo.config import AlgoConfig
+from keelrl.config.base import Section, section
 from keelrl.config.data import DataConfig
 from keelrl.config.ladder import LadderConfig
 from keelrl.config.load import apply_overrides, parse_override, read_toml, validate
@@ -29,7 +30,6 @@ from keelrl.config.sections import (
     FaultsConfig,
     ModelConfig,
     RolloutConfig,
-    Section,
     SupervisorConfig,
     TaskConfig,
     TrainConfig,
@@ -41,55 +41,40 @@ from keelrl.sandbox.config import SandboxConfig
 
 
 class Config(Section):
-    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy and tokenizer.")
-    task: TaskConfig = Field(
-        default_factory=TaskConfig, description="What is trained on and how it is scored."
+    model: ModelConfig = section(ModelConfig, "The policy and tokenizer.")
+    task: TaskConfig = section(TaskConfig, "What is trained on and how it is scored.")
+    sandbox: SandboxConfig = section(SandboxConfig, "Where model-written commands and code run.")
+    rollout: RolloutConfig = section(RolloutConfig, "Sampling.")
+    episode: EpisodeConfig = section(
+        EpisodeConfig, "Budgets of multi-turn episodes (environments); rollout.max_new_tokens caps each turn."
     )
-    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Where model-written commands and code run.")  # fmt: skip
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Sampling.")
-    episode: EpisodeConfig = Field(
-        default_factory=EpisodeConfig,
-        description="Budgets of multi-turn episodes (environments); rollout.max_new_tokens caps each turn.",
+    vllm: VLLMConfig = section(VLLMConfig, "The vLLM engine (rollout.engine = 'vllm').")
+    algo: AlgoConfig = section(AlgoConfig, "RL algorithm settings.")
+    reward: RewardConfig = section(RewardConfig, "A learned reward model scoring RL's completions.")
+    data: DataConfig = section(
+        DataConfig, "What SFT (examples) and reward-model training (preference pairs) train on."
     )
-    vllm: VLLMConfig = Field(
-        default_factory=VLLMConfig, description="The vLLM engine (rollout.engine = 'vllm')."
+    train: TrainConfig = section(TrainConfig, "Loop settings.")
+    eval: EvalConfig = section(EvalConfig, "Held-out evaluation during training.")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "Checkpointing.")
+    log: LogConfig = section(LogConfig, "Logging.")
+    supervisor: SupervisorConfig = section(SupervisorConfig, "Crash and hang recovery.")
+    faults: FaultsConfig = section(FaultsConfig, "Fault injection for recovery drills (off by default).")
+    guards: GuardsConfig = section(
+        GuardsConfig, "Per-step guards and divergence rules, and the actions taken on them."
     )
-    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm settings.")
-    reward: RewardConfig = Field(
-        default_factory=RewardConfig, description="A learned reward model scoring RL's completions."
+    curriculum: CurriculumConfig = section(
+        CurriculumConfig, "Problem order, adaptive curriculum, dynamic sampling."
     )
-    data: DataConfig = Field(
-        default_factory=DataConfig,
-        description="What SFT (examples) and reward-model training (preference pairs) train on.",
+    distributed: DistributedConfig = section(
+        DistributedConfig, "Several processes (torchrun) and remote scoring (Ray)."
     )
-    train: TrainConfig = Field(default_factory=TrainConfig, description="Loop settings.")
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training.")
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpointing.")
-    log: LogConfig = Field(default_factory=LogConfig, description="Logging.")
-    supervisor: SupervisorConfig = Field(
-        default_factory=SupervisorConfig, description="Crash and hang recovery."
+    selfplay: SelfPlayConfig = section(
+        SelfPlayConfig, "Self-play (train.stage = 'selfplay'): proposals and their buffer."
     )
-    faults: FaultsConfig = Field(
-        default_factory=FaultsConfig, description="Fault injection for recovery drills (off by default)."
-    )
-    guards: GuardsConfig = Field(
-        default_factory=GuardsConfig,
-        description="Per-step guards and divergence rules, and the actions taken on them.",
-    )
-    curriculum: CurriculumConfig = Field(
-        default_factory=CurriculumConfig, description="Problem order, adaptive curriculum, dynamic sampling."
-    )
-    distributed: DistributedConfig = Field(
-        default_factory=DistributedConfig,
-        description="Several processes (torchrun) and remote scoring (Ray).",
-    )
-    selfplay: SelfPlayConfig = Field(
-        default_factory=SelfPlayConfig,
-        description="Self-play (train.stage = 'selfplay'): proposals and their buffer.",
-    )
-    ladder: LadderConfig = Field(
-        default_factory=LadderConfig,
-        description="Scaling ladders (`keelrl ladder`): a grid of short runs, fitted and extrapolated; training ignores it.",
+    ladder: LadderConfig = section(
+        LadderConfig,
+        "Scaling ladders (`keelrl ladder`): a grid of short runs, fitted and extrapolated; training ignores it.",
     )
 
     @model_validator(mode="after")

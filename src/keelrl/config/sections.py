@@ -7,13 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from keelrl.config.base import Section, section
 from keelrl.config.lora import LoraConfig
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class TinyModelConfig(Section):
@@ -56,9 +53,7 @@ class ModelConfig(Section):
             "weights, in the trainer and keelrl's sampler alike (ScaleRL: higher asymptotic reward). A no-op in fp32."
         ),
     )
-    tiny: TinyModelConfig = Field(
-        default_factory=TinyModelConfig, description="Shape of the model when path = 'tiny'."
-    )
+    tiny: TinyModelConfig = section(TinyModelConfig, "Shape of the model when path = 'tiny'.")
     trust_remote_code: bool = Field(
         False, description="Allow model code from the hub (transformers' trust_remote_code)."
     )
@@ -70,9 +65,8 @@ class ModelConfig(Section):
             "under bf16 and train.compile: SDPA's CPU flash-attention backward dominates there (docs/throughput.md)."
         ),
     )
-    lora: LoraConfig = Field(
-        default_factory=LoraConfig,
-        description="LoRA adapters (model.lora.rank > 0): train them instead of the whole policy.",
+    lora: LoraConfig = section(
+        LoraConfig, "LoRA adapters (model.lora.rank > 0): train them instead of the whole policy."
     )
 
 

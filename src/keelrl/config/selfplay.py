@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from keelrl.config.base import Section
 
 
-class SelfPlayConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+class SelfPlayConfig(Section):
     proposer_prompts: int = Field(
         2,
         ge=1,

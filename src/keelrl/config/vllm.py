@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from keelrl.config.base import Section
 
 # The weight-sync check's tolerance on the mean |trainer - engine| log-prob gap of the probe, by engine dtype
 # (docs/ARCHITECTURE.md, "Weight sync"). Measured on this CPU: fp32 engine vs fp32 trainer agree to < 1e-4
@@ -14,9 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 SYNC_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
 
 
-class VLLMConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+class VLLMConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
         description=(

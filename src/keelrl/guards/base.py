@@ -63,9 +63,14 @@ def metric_value(record: Record, key: str) -> float | None:
     return None
 
 
+def num(x: Any, default: float = 0.0) -> float:
+    """x as a float when it is a number (not a bool), else default."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else default
+
+
 def step_of(record: Record, default: int) -> int:
-    s = record.get("step")
-    return int(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else default
+    """The record's step (a whole number), else `default`."""
+    return int(num(record.get("step"), default))
 
 
 def is_train_record(record: Record) -> bool:

@@ -30,14 +30,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from keelrl.config import SupervisorConfig
-from keelrl.guards.base import SEVERITY_RANK, Finding, is_train_record, metric_value
+from keelrl.guards.base import SEVERITY_RANK, Finding, is_train_record, metric_value, num, step_of
 from keelrl.guards.engine import scan
 from keelrl.guards.rules import GuardsConfig
 from keelrl.guards.rules.process import RUNNING_STATES, stalled
-from keelrl.monitor.run_dir import HEARTBEAT_FILE, RunDir, read_jsonl
+from keelrl.monitor.run_dir import HEARTBEAT_FILE, RunDir, read_json, read_jsonl
 from keelrl.monitor.run_lock import describe as describe_lock
 from keelrl.monitor.run_lock import pid_alive
-from keelrl.monitor.traces import analyze_traces, attach_samples, format_traces, num, trace_findings
+from keelrl.monitor.traces import analyze_traces, attach_samples, format_traces, trace_findings
 
 EXIT_CODES = {"healthy": 0, "warning": 1, "critical": 2}
 
@@ -59,14 +59,6 @@ class RunData:
     summary: dict[str, Any]
     last_write: float
     notes: list[str] = field(default_factory=list)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def load_run(path: str | Path) -> RunData:
@@ -93,7 +85,7 @@ def load_run(path: str | Path) -> RunData:
             f"{p} holds none of metrics.jsonl, events.jsonl, rollouts.jsonl.gz, status.json, config.json: "
             "is it the run directory of a keelrl train run?"
         )
-    status = _read_json(rd.status_file)
+    status = read_json(rd.status_file) or {}
     stamps = [os.path.getmtime(f) for f in (*files, p / HEARTBEAT_FILE) if f.exists()]
     stamps += [
         float(status[k]) for k in ("updated", "last_heartbeat") if isinstance(status.get(k), (int, float))
@@ -103,9 +95,9 @@ def load_run(path: str | Path) -> RunData:
         metrics=_in_step_order(rd.metrics()),
         events=rd.events(),
         rollouts=list(read_jsonl(rd.rollouts_file)),
-        config=_read_json(rd.config_file),
+        config=read_json(rd.config_file) or {},
         status=status,
-        summary=_read_json(rd.summary_file),
+        summary=read_json(rd.summary_file) or {},
         last_write=max(stamps, default=0.0),
         notes=[lock] if (lock := describe_lock(p)) else [],
     )
@@ -246,7 +238,7 @@ def _status_findings(run: RunData, cfg: GuardsConfig, now: float) -> list[Findin
         if f is not None:
             out.append(replace(f, ongoing=True))
     if state == "failed":
-        step = int(num(run.status.get("step"), 0))
+        step = step_of(run.status, 0)
         out.append(
             Finding(
                 name="run_failed",

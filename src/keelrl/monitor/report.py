@@ -24,6 +24,7 @@ from keelrl.guards.base import metric_value
 from keelrl.monitor.doctor import Diagnosis, RunData, diagnose, load_run
 from keelrl.monitor.plots import DASHES, EVENT_COLORS, RUN_COLORS, Series, esc, figure, page
 from keelrl.monitor.run_dir import atomic_write_text
+from keelrl.monitor.traces import thin_evenly
 from keelrl.monitor.trackers import flatten
 
 # (panel, title, keys, y-axis label), in page order. A key with `*` stands for every logged key it matches
@@ -262,10 +263,7 @@ def _sample_rows(run: RunData, per_step: int = 3, steps: int = 8) -> list[dict[s
     for r in run.rollouts:
         if isinstance(r.get("step"), (int, float)):
             by_step.setdefault(int(r["step"]), []).append(r)
-    keys = sorted(by_step)
-    if len(keys) > steps:
-        keys = sorted({keys[round(i * (len(keys) - 1) / (steps - 1))] for i in range(steps)})
-    return [r for k in keys for r in by_step[k][:per_step]]
+    return [r for k in thin_evenly(sorted(by_step), steps) for r in by_step[k][:per_step]]
 
 
 def _turn(role: str, text: Any, trained: bool, max_chars: int = 2000) -> str:

@@ -27,9 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-HEARTBEAT_FILE = (
-    "heartbeat.json"  # the worker's liveness, written by run/supervisor.Heartbeat, read by the doctor
-)
+# the worker's liveness, written by run/supervisor.Heartbeat, read by the doctor
+HEARTBEAT_FILE = "heartbeat.json"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -39,6 +38,15 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when the file is missing, torn, not UTF-8 or holds no object."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _clean(value: Any) -> Any:
@@ -150,15 +158,9 @@ class RunDir:
     def write_status(self, **fields: Any) -> None:
         if not self.writer:
             return
-        current = self.read_status()
+        current = read_json(self.status_file) or {}
         current.update(fields, updated=time.time(), host=socket.gethostname())
         atomic_write_text(self.status_file, dumps(current) + "\n")
-
-    def read_status(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.status_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         if self.writer:

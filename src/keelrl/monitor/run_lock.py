@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from keelrl.monitor.run_dir import RunDir, atomic_write_text
+from keelrl.monitor.run_dir import RunDir, atomic_write_text, read_json
 
 LOCK_FILE = "lock"
 RECORD_FILE = "lock.json"
@@ -93,14 +93,6 @@ def stale_reason(
     return None
 
 
-def read_record(run_path: Path) -> dict[str, Any] | None:
-    try:
-        record = json.loads((run_path / RECORD_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def _refusal(run_path: Path, record: dict[str, Any] | None) -> str:
     if record is None:
         who, stop = "another process (it has not written its lock.json yet)", "stop it"
@@ -147,7 +139,7 @@ class RunLock:
                 raise
             os_lock = False  # a filesystem without flock: the record alone decides
         machine, now = here(), time.time()
-        previous = read_record(path)
+        previous = read_json(path / RECORD_FILE)
         taken_over = None
         if previous is not None:
             taken_over = stale_reason(previous, machine, now, os_lock_free=os_lock)
@@ -175,7 +167,7 @@ class RunLock:
     def release(self) -> None:
         self._stop.set()
         self._renewer.join()
-        current = read_record(self.run_path) or {}
+        current = read_json(self.run_path / RECORD_FILE) or {}
         if current.get("pid") == os.getpid() and current.get("host") == self.record["host"]:
             (self.run_path / RECORD_FILE).unlink(missing_ok=True)
         self.handle.close()  # drops the OS lock
@@ -184,14 +176,14 @@ class RunLock:
 def _wait_for_record(path: Path) -> dict[str, Any] | None:
     """The holder's record; the winner of a race may not have written it yet, so wait a little for it."""
     deadline = time.time() + RECORD_WAIT_S
-    while (record := read_record(path)) is None and time.time() < deadline:
+    while (record := read_json(path / RECORD_FILE)) is None and time.time() < deadline:
         time.sleep(0.05)
     return record
 
 
 def describe(run_path: Path) -> str | None:
     """For the doctor: a live process holds the run directory, or a stale lock remains (None: no lock)."""
-    record = read_record(run_path)
+    record = read_json(run_path / RECORD_FILE)
     if record is None:
         return None
     why = stale_reason(record, here(), time.time())

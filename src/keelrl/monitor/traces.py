@@ -8,10 +8,12 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
-from keelrl.guards.base import Finding
+from keelrl.guards.base import Finding, num, step_of
 from keelrl.rollout.types import is_truncated
+
+T = TypeVar("T")
 
 REPETITION_N = 4
 REPETITION_THRESHOLD = 0.5
@@ -109,15 +111,10 @@ def _reason(r: dict[str, Any]) -> str:
     return str(info.get("reason", "unknown"))
 
 
-def num(x: Any, default: float = 0.0) -> float:
-    """x as a float when it is a number (not a bool), else default."""
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else default
-
-
 def _step_rows(rollouts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in rollouts:
-        by_step.setdefault(int(num(r.get("step"), -1)), []).append(r)
+        by_step.setdefault(step_of(r, -1), []).append(r)
     rows = []
     for step in sorted(by_step):
         rs = by_step[step]
@@ -158,14 +155,14 @@ def analyze_traces(rollouts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for r in sorted(rollouts, key=lambda r: num(r.get("step"))):
         for name in verify_phrases(_text(r)):
             phrase_counts[name] += 1
-            first_seen.setdefault(name, int(num(r.get("step"))))
+            first_seen.setdefault(name, step_of(r, 0))
     early, late = _of_steps(rollouts, early_rows), _of_steps(rollouts, late_rows)
     return {
         "rollouts": len(rollouts),
         "steps_logged": len(rows),
         "first_step": rows[0]["step"],
         "last_step": rows[-1]["step"],
-        "by_step": _thin(rows, 200),
+        "by_step": thin_evenly(rows, 200),
         "early": _pooled(early_rows),
         "late": _pooled(late_rows),
         "reasons_early": dict(Counter(_reason(r) for r in early).most_common()),
@@ -188,10 +185,10 @@ def _pooled(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _of_steps(rollouts: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     steps = {r["step"] for r in rows}
-    return [r for r in rollouts if int(num(r.get("step"), -1)) in steps]
+    return [r for r in rollouts if step_of(r, -1) in steps]
 
 
-def _thin(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+def thin_evenly(rows: list[T], n: int) -> list[T]:
     """At most n rows, evenly spaced, always keeping the first and the last."""
     if len(rows) <= n:
         return rows
@@ -212,7 +209,7 @@ def _representative(rs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _sample(r: dict[str, Any]) -> dict[str, Any]:
     return {
-        "step": int(num(r.get("step"), -1)),
+        "step": step_of(r, -1),
         "reward": num(r.get("reward")),
         "correct": bool(r.get("correct")),
         "reason": _reason(r),
@@ -228,9 +225,7 @@ def quote(r: dict[str, Any], width: int = 160) -> str:
         text = text[: width - 1] + "…"
     finish = " truncated" if is_truncated(str(r.get("finish_reason"))) else ""
     reason = r["reason"] if isinstance(r.get("reason"), str) else _reason(r)
-    return (
-        f'step {int(num(r.get("step"), -1))}, reward {num(r.get("reward")):.2f} ({reason}{finish}): "{text}"'
-    )
+    return f'step {step_of(r, -1)}, reward {num(r.get("reward")):.2f} ({reason}{finish}): "{text}"'
 
 
 def trace_findings(traces: dict[str, Any], rollouts: Sequence[dict[str, Any]]) -> list[Finding]:
@@ -240,7 +235,7 @@ def trace_findings(traces: dict[str, Any], rollouts: Sequence[dict[str, Any]]) -
     out: list[Finding] = []
     early, late = traces["early"], traces["late"]
     steps = (late["steps"][0], late["steps"][1])
-    recent = [r for r in rollouts if int(num(r.get("step"), -1)) >= steps[0]]
+    recent = [r for r in rollouts if step_of(r, -1) >= steps[0]]
     if late["gibberish"] >= GIBBERISH_FRAC:
         picks = [r for r in recent if is_gibberish(_text(r))]
         out.append(
@@ -337,7 +332,7 @@ def format_traces(t: dict[str, Any]) -> list[str]:
     lines += [
         f"  {r['step']:>5} {r['n']:>4}  {r['reward']:6.3f}  {r['correct']:6.2f}  {r['tokens']:6.1f}  {r['truncated']:5.2f}"
         f"  {r['repetitive']:5.2f}  {r['gibberish']:6.2f}  {r['format_only']:8.2f}  {r['verify']:6.2f}"
-        for r in _thin(t["by_step"], 10)
+        for r in thin_evenly(t["by_step"], 10)
     ]
     e, la = t["early"], t["late"]
     lines.append(
