@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from keelrl.core.seeds import stable_hash
 
@@ -100,6 +100,13 @@ def unknown_bucket(task_name: str, bucket: str, buckets: list[str]) -> ValueErro
     )
 
 
+def check_bucket(task: Any, bucket: str) -> None:
+    """`problem_in`'s first check: `bucket` is one of `task.buckets()`, else `unknown_bucket`'s ValueError."""
+    buckets = task.buckets()
+    if bucket not in buckets:
+        raise unknown_bucket(task.name, bucket, buckets)
+
+
 def score_batch(task: Task, problems: list[dict[str, Any]], completions: list[str]) -> list[Score]:
     """Score many completions: the task's `score_many` if any (code: parallel sandboxes), else `score`."""
     many = getattr(task, "score_many", None)
@@ -140,9 +147,19 @@ def unscored(status: Status, reason: str, error: str) -> Score:
 
 
 class TaskParams(BaseModel):
-    """Base of each task's parameter model: unknown parameters are errors."""
+    """Base of each task's parameter model: unknown parameters are errors. `ranges` names the pairs of fields
+    `min_<name>` / `max_<name>` that must be in order (a ValueError "min_<name>=5 > max_<name>=3" otherwise)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    ranges: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="after")
+    def _ranges_in_order(self) -> TaskParams:
+        for key in self.ranges:
+            lo, hi = getattr(self, f"min_{key}"), getattr(self, f"max_{key}")
+            if lo > hi:
+                raise ValueError(f"min_{key}={lo} > max_{key}={hi}")
+        return self
 
 
 def in_test_split(key: Any, seed: int, test_fraction: float) -> bool:

@@ -61,8 +61,8 @@ from keelrl.tasks.base import (
     Split,
     TaskParams,
     Template,
+    check_bucket,
     in_test_split,
-    unknown_bucket,
 )
 
 logger = logging.getLogger("keelrl.tasks.code")
@@ -378,8 +378,7 @@ class CodeTask:
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
         """The `index`-th problem of `split` in `bucket`, from a new seeded permutation each pass."""
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         items = [p for p in self.splits[split] if self.difficulty(p) == bucket]
         if not items:
             raise ValueError(f"task code: the {split} split has no problem of difficulty {bucket!r}")

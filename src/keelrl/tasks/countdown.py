@@ -28,7 +28,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
@@ -42,9 +42,9 @@ from keelrl.tasks.base import (
     Split,
     TaskParams,
     Template,
+    check_bucket,
     in_test_split,
     last_answer,
-    unknown_bucket,
 )
 
 MAX_ANSWER_CHARS = 200
@@ -64,6 +64,7 @@ USER_TEXT_ANSWER_ONLY = (
 
 
 class CountdownParams(TaskParams):
+    ranges = ("numbers", "number", "target")
     min_numbers: int = Field(3, ge=2, le=6, description="Fewest numbers in a problem.")
     max_numbers: int = Field(4, ge=2, le=6, description="Most numbers in a problem.")
     min_number: int = Field(1, ge=1, description="Smallest number drawn.")
@@ -82,14 +83,6 @@ class CountdownParams(TaskParams):
             "(checked the same way, stated value included)."
         ),
     )
-
-    @model_validator(mode="after")
-    def _ranges(self) -> CountdownParams:
-        for key in ("numbers", "number", "target"):
-            lo, hi = getattr(self, f"min_{key}"), getattr(self, f"max_{key}")
-            if lo > hi:
-                raise ValueError(f"min_{key}={lo} > max_{key}={hi}")
-        return self
 
 
 class InvalidExpression(ValueError):
@@ -311,8 +304,7 @@ class Countdown:
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
         """The `index`-th problem of `split` with the bucket's count of numbers (its own seeded stream)."""
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         return self._generate(split, index, bucket)
 
     def _generate(self, split: Split, index: int, bucket: str | None = None) -> dict[str, Any]:

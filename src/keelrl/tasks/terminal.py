@@ -46,7 +46,7 @@ from keelrl.core.seeds import stable_hash
 from keelrl.sandbox.boxes import Backend, Box, BoxError, BoxSpec, Ran, backend_for, start_box
 from keelrl.sandbox.config import SandboxConfig
 from keelrl.tasks import TaskError
-from keelrl.tasks.base import Score, Split, TaskParams, in_test_split, unknown_bucket, unscored
+from keelrl.tasks.base import Score, Split, TaskParams, check_bucket, in_test_split, unscored
 from keelrl.tasks.env import EpisodeState, ResetResult, StepResult
 from keelrl.tasks.repo import replace_once
 from keelrl.tasks.tools import OPEN_TAG, Tool, run_tool_calls, tool
@@ -267,8 +267,7 @@ class Terminal:
         return sorted({self.items[n].bucket for n in self.splits["train"]})
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         return self.problem(split, index, bucket)
 
     # the episode
