@@ -186,16 +186,20 @@ THINK_PREFIX = "Let me solve this step by step.\n<think>"
 ANSWER_PREFIX = "<answer>"  # the assistant turn's first words in answer-only templates
 
 
-def last_answer(text: str) -> str | None:
+def last_answer(text: str, line_answer: bool = False) -> str | None:
     """The last complete <answer>...</answer> block's content (what re.findall(r"<answer>(.*?)</answer>",
     re.DOTALL) finds last), or None. The whole text is searched in linear time: str.find reads each character
-    at most once (that regex rescans to the end from every unclosed <answer>: quadratic)."""
+    at most once (that regex rescans to the end from every unclosed <answer>: quadratic).
+    `line_answer`: without a complete block, an answer opened by the prompt's '<answer>' prefix (the text starts
+    with it) may end at the end of its line (stripped; None when that is empty)."""
     found, pos = None, 0
     while (start := text.find("<answer>", pos)) >= 0:
         end = text.find("</answer>", start + 8)
         if end < 0:
             break
         found, pos = text[start + 8 : end], end + 9
+    if found is None and line_answer and text.startswith(ANSWER_PREFIX):
+        found = text[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
     return found
 
 

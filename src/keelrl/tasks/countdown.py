@@ -23,8 +23,10 @@ Where this deliberately differs from TinyZero's `countdown.py` reward, and why:
 from __future__ import annotations
 
 import itertools
+import operator
 import random
 import re
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -135,19 +137,18 @@ class _Parser:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
 
     def _expr(self, depth: int) -> Any:
-        node = self._term(depth)
-        while self._peek() in ("+", "-"):
-            op = self.tokens[self.i]
-            self.i += 1
-            node = (op, node, self._term(depth))
-        return node
+        return self._chain(("+", "-"), lambda: self._term(depth))
 
     def _term(self, depth: int) -> Any:
-        node = self._atom(depth)
-        while self._peek() in ("*", "/"):
+        return self._chain(("*", "/"), lambda: self._atom(depth))
+
+    def _chain(self, ops: tuple[str, str], operand: Callable[[], Any]) -> Any:
+        """operand (op operand)*, with any of `ops`, grouped from the left."""
+        node = operand()
+        while self._peek() in ops:
             op = self.tokens[self.i]
             self.i += 1
-            node = (op, node, self._atom(depth))
+            node = (op, node, operand())
         return node
 
     def _atom(self, depth: int) -> Any:
@@ -170,20 +171,17 @@ class _Parser:
         raise InvalidExpression("parse_error", f"unexpected {tok!r} (unary operators are not allowed)")
 
 
+OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
 def _evaluate(node: Any) -> Fraction:
     if isinstance(node, int):
         return Fraction(node)
     op, left, right = node
     a, b = _evaluate(left), _evaluate(right)
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if b == 0:
+    if op == "/" and b == 0:
         raise InvalidExpression("div_zero", "division by zero")
-    return a / b
+    return OPERATIONS[op](a, b)
 
 
 def check_expression(expression: str, numbers: list[int]) -> Fraction:
@@ -215,9 +213,7 @@ def score_countdown(numbers: list[int], target: int, completion: str, line_answe
     """TinyZero's reward on `completion` (the assistant turn, including any prefix the prompt put there).
     `line_answer`: an answer opened by the prompt's '<answer>' prefix may also end at the end of its line
     (small models state the equation and stop without the closing tag); it is checked the same way."""
-    answer = last_answer(completion)
-    if answer is None and line_answer and completion.startswith(ANSWER_PREFIX):
-        answer = completion[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
+    answer = last_answer(completion, line_answer)
     if answer is None:
         return Score(0.0, False, {"formatted": False, "reason": "no_answer"})
     expression, stated = answer.strip(), None
@@ -339,8 +335,7 @@ def solve(numbers: list[int], target: int) -> str | None:
             for op in "+-*/":
                 if op == "/" and b == 0:
                     continue
-                value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else a}[op]
-                found = rec([*rest, (f"({ta}{op}{tb})", value)])
+                found = rec([*rest, (f"({ta}{op}{tb})", OPERATIONS[op](a, b))])
                 if found:
                     return found
         return None

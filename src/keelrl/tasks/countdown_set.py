@@ -90,10 +90,9 @@ class CountdownSet:
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         items = problem["items"]
-        answer = last_answer(completion)
-        opened = completion.startswith(ANSWER_PREFIX)  # an answer left open at the end of its line counts
-        if answer is None and opened:
-            answer = completion[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
+        answer = last_answer(
+            completion, line_answer=True
+        )  # an answer left open at the end of its line counts
         if answer is None:
             return Score(0.0, False, {"formatted": False, "reason": "no_answer", "items_correct": 0})
         parts = answer.split(SEPARATOR)
