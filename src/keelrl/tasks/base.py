@@ -89,6 +89,25 @@ class BucketedTask(Protocol):
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]: ...
 
 
+class SameProblems:
+    """The data methods of another task, `self.task` (problem, difficulty, buckets, problem_in): for a task or
+    environment that asks that task's problems its own way (countdown_tools, code_feedback)."""
+
+    task: Any
+
+    def problem(self, split: Split, index: int) -> dict[str, Any]:
+        return self.task.problem(split, index)
+
+    def difficulty(self, problem: dict[str, Any]) -> str:
+        return self.task.difficulty(problem)
+
+    def buckets(self) -> list[str]:
+        return self.task.buckets()
+
+    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
+        return self.task.problem_in(bucket, split, index)
+
+
 def task_buckets(task: Task) -> list[str] | None:
     """The task's difficulty ladder (easiest first), or None when it cannot draw problems by bucket."""
     return list(task.buckets()) if isinstance(task, BucketedTask) else None

@@ -549,9 +549,7 @@ class SweMini:
 
     def step(self, state: EpisodeState, assistant_turn: str) -> StepResult:
         ws = self.workspace(state)
-        replies = run_tool_calls(assistant_turn, workspace_tools(ws, lambda: self.run_tests(ws)))
-        info = {"tool_calls": replies.calls, "tool_errors": replies.errors}
-        return StepResult(replies.messages, 0.0, replies.calls == 0, info)
+        return run_tool_calls(assistant_turn, workspace_tools(ws, lambda: self.run_tests(ws))).step_result()
 
     def finish(self, state: EpisodeState) -> Score:
         ws = self.workspace(state)

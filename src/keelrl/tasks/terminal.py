@@ -298,9 +298,7 @@ class Terminal:
             self.box(state)  # a box that cannot start ends the episode (agent_error), not as a tool error
         limit = min(self.params.shell_timeout_s, left)
         tools = terminal_tools(lambda: self.box(state), item.workdir, limit, item.agent_user)
-        replies = run_tool_calls(assistant_turn, tools)
-        info = {"tool_calls": replies.calls, "tool_errors": replies.errors}
-        return StepResult(replies.messages, done=replies.calls == 0, info=info)
+        return run_tool_calls(assistant_turn, tools).step_result()
 
     def finish(self, state: EpisodeState) -> Score:
         item = self.items[state.problem["task"]]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from keelrl.tasks.env import Message
+from keelrl.tasks.env import Message, StepResult
 
 CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
@@ -83,6 +83,12 @@ class ToolReplies:
     messages: list[Message] = field(default_factory=list)
     calls: int = 0
     errors: int = 0
+
+    def step_result(self) -> StepResult:
+        """A tool-using environment's step (tasks/env.py): these replies; a turn without a tool call ends the episode."""
+        return StepResult(
+            self.messages, 0.0, self.calls == 0, {"tool_calls": self.calls, "tool_errors": self.errors}
+        )
 
 
 def parse_call(body: str, tools: dict[str, Tool]) -> ToolCall:
