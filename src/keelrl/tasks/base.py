@@ -6,10 +6,11 @@ JSON-serialisable dicts. `score` never raises on model output: anything the mode
 
 from __future__ import annotations
 
+import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -185,6 +186,18 @@ def in_test_split(key: Any, seed: int, test_fraction: float) -> bool:
     """Assign a problem key (e.g. the sorted number multiset) to the test split with probability
     `test_fraction`, by hash, so splits are disjoint by construction and independent of generation order."""
     return (stable_hash("split", seed, key) % 1_000_000) < test_fraction * 1_000_000
+
+
+T = TypeVar("T")
+
+
+def shuffled_pick(items: Sequence[T], index: int, *key: Any) -> T:
+    """The `index`-th of `items` in a seeded order: each pass over them (epoch) a new permutation, seeded by `key`
+    and the epoch, so a finite set of problems is walked in a fresh order every time round."""
+    epoch, pos = divmod(index, len(items))
+    order = list(range(len(items)))
+    random.Random(stable_hash(*key, epoch)).shuffle(order)
+    return items[order[pos]]
 
 
 # TinyZero's instructions ("base" preamble, "chat" system turn) and its assistant turn's first words.
