@@ -30,14 +30,6 @@ process, and `Sandbox.level` / `ExecResult.isolation` report the one in use):
 Auto-detection degrades with a warning; asking for a level explicitly (`Sandbox(isolation="bwrap")`)
 raises `SandboxError` when that level does not work here.
 
-Separate user ids. RLIMIT_NPROC is per user and not enforced for root; file permissions and signals are per
-user too. So under root (as in CI) each slot leases its own unused uid (61000 upward; a lock file under the
-temp dir keeps processes from sharing one) and the code runs under it: a fork bomb is capped per slot, and
-the code can neither signal the trainer nor write anything not world-writable. An interpreter under a
-directory that uid cannot enter (pyenv under /root, mode 0700) is reached by bwrap and unshare through a
-tmpfs over that directory with only its prefix bound back, read-only; at the rlimit level a world-readable
-interpreter (/usr/bin/python3) is used instead, or, if none exists, the code runs as root with a warning.
-
 Separate user ids. RLIMIT_NPROC is per user, and the kernel does not enforce it for root; file
 permissions and signals are per user too. So when keelrl runs as root (as in CI), each sandbox slot
 leases its own unused uid (61000 upward; a lock file under the temp dir keeps concurrent processes from

@@ -60,9 +60,7 @@ class SandboxLimits:
             problems.append(
                 f"memory_mb must be >= 64, the interpreter alone needs ~30 MB (got {self.memory_mb})"
             )
-        if self.processes < 1:
-            problems.append(f"processes must be >= 1 (got {self.processes})")
-        for name in ("output_bytes", "file_mb", "tmp_mb", "excerpt_chars", "answer_bytes"):
+        for name in ("processes", "output_bytes", "file_mb", "tmp_mb", "excerpt_chars", "answer_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
         if problems:

@@ -6,12 +6,13 @@ JSON-serialisable dicts. `score` never raises on model output: anything the mode
 
 from __future__ import annotations
 
+import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from keelrl.core.seeds import stable_hash
 
@@ -89,6 +90,25 @@ class BucketedTask(Protocol):
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]: ...
 
 
+class SameProblems:
+    """The data methods of another task, `self.task` (problem, difficulty, buckets, problem_in): for a task or
+    environment that asks that task's problems its own way (countdown_tools, code_feedback)."""
+
+    task: Any
+
+    def problem(self, split: Split, index: int) -> dict[str, Any]:
+        return self.task.problem(split, index)
+
+    def difficulty(self, problem: dict[str, Any]) -> str:
+        return self.task.difficulty(problem)
+
+    def buckets(self) -> list[str]:
+        return self.task.buckets()
+
+    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
+        return self.task.problem_in(bucket, split, index)
+
+
 def task_buckets(task: Task) -> list[str] | None:
     """The task's difficulty ladder (easiest first), or None when it cannot draw problems by bucket."""
     return list(task.buckets()) if isinstance(task, BucketedTask) else None
@@ -98,6 +118,13 @@ def unknown_bucket(task_name: str, bucket: str, buckets: list[str]) -> ValueErro
     return ValueError(
         f"task {task_name}: no difficulty bucket {bucket!r}; its buckets are {', '.join(buckets)}"
     )
+
+
+def check_bucket(task: Any, bucket: str) -> None:
+    """`problem_in`'s first check: `bucket` is one of `task.buckets()`, else `unknown_bucket`'s ValueError."""
+    buckets = task.buckets()
+    if bucket not in buckets:
+        raise unknown_bucket(task.name, bucket, buckets)
 
 
 def score_batch(task: Task, problems: list[dict[str, Any]], completions: list[str]) -> list[Score]:
@@ -140,15 +167,37 @@ def unscored(status: Status, reason: str, error: str) -> Score:
 
 
 class TaskParams(BaseModel):
-    """Base of each task's parameter model: unknown parameters are errors."""
+    """Base of each task's parameter model: unknown parameters are errors. `ranges` names the pairs of fields
+    `min_<name>` / `max_<name>` that must be in order (a ValueError "min_<name>=5 > max_<name>=3" otherwise)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    ranges: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="after")
+    def _ranges_in_order(self) -> TaskParams:
+        for key in self.ranges:
+            lo, hi = getattr(self, f"min_{key}"), getattr(self, f"max_{key}")
+            if lo > hi:
+                raise ValueError(f"min_{key}={lo} > max_{key}={hi}")
+        return self
 
 
 def in_test_split(key: Any, seed: int, test_fraction: float) -> bool:
     """Assign a problem key (e.g. the sorted number multiset) to the test split with probability
     `test_fraction`, by hash, so splits are disjoint by construction and independent of generation order."""
     return (stable_hash("split", seed, key) % 1_000_000) < test_fraction * 1_000_000
+
+
+T = TypeVar("T")
+
+
+def shuffled_pick(items: Sequence[T], index: int, *key: Any) -> T:
+    """The `index`-th of `items` in a seeded order: each pass over them (epoch) a new permutation, seeded by `key`
+    and the epoch, so a finite set of problems is walked in a fresh order every time round."""
+    epoch, pos = divmod(index, len(items))
+    order = list(range(len(items)))
+    random.Random(stable_hash(*key, epoch)).shuffle(order)
+    return items[order[pos]]
 
 
 # TinyZero's instructions ("base" preamble, "chat" system turn) and its assistant turn's first words.
@@ -169,16 +218,20 @@ THINK_PREFIX = "Let me solve this step by step.\n<think>"
 ANSWER_PREFIX = "<answer>"  # the assistant turn's first words in answer-only templates
 
 
-def last_answer(text: str) -> str | None:
+def last_answer(text: str, line_answer: bool = False) -> str | None:
     """The last complete <answer>...</answer> block's content (what re.findall(r"<answer>(.*?)</answer>",
     re.DOTALL) finds last), or None. The whole text is searched in linear time: str.find reads each character
-    at most once (that regex rescans to the end from every unclosed <answer>: quadratic)."""
+    at most once (that regex rescans to the end from every unclosed <answer>: quadratic).
+    `line_answer`: without a complete block, an answer opened by the prompt's '<answer>' prefix (the text starts
+    with it) may end at the end of its line (stripped; None when that is empty)."""
     found, pos = None, 0
     while (start := text.find("<answer>", pos)) >= 0:
         end = text.find("</answer>", start + 8)
         if end < 0:
             break
         found, pos = text[start + 8 : end], end + 9
+    if found is None and line_answer and text.startswith(ANSWER_PREFIX):
+        found = text[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
     return found
 
 

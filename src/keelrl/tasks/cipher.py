@@ -24,7 +24,7 @@ import random
 import string
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
@@ -36,9 +36,9 @@ from keelrl.tasks.base import (
     Split,
     TaskParams,
     Template,
+    check_bucket,
     in_test_split,
     last_answer,
-    unknown_bucket,
 )
 
 ALPHABET = string.ascii_lowercase
@@ -50,18 +50,13 @@ USER_TEXT = (
 
 
 class CipherParams(TaskParams):
+    ranges = ("length",)
     min_length: int = Field(1, ge=1, le=12, description="Shortest word (the easiest bucket).")
     max_length: int = Field(4, ge=1, le=12, description="Longest word (the hardest bucket).")
     key_seed: int = Field(0, description="Seed of the secret key (a permutation of a-z).")
     test_fraction: float = Field(
         0.3, gt=0.0, lt=1.0, description="Share of words held out for the test split."
     )
-
-    @model_validator(mode="after")
-    def _lengths(self) -> CipherParams:
-        if self.min_length > self.max_length:
-            raise ValueError(f"min_length={self.min_length} > max_length={self.max_length}")
-        return self
 
 
 def make_key(key_seed: int) -> dict[str, str]:
@@ -93,8 +88,7 @@ class Cipher:
         return [f"len{k}" for k in range(self.params.min_length, self.params.max_length + 1)]
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         return self._word(split, index, int(bucket.removeprefix("len")), bucket)
 
     def _word(self, split: Split, index: int, length: int, bucket: str | None = None) -> dict[str, Any]:

@@ -38,7 +38,6 @@ import ast
 import builtins
 import json
 import logging
-import random
 import re
 import threading
 from collections.abc import Sequence
@@ -48,7 +47,6 @@ from typing import Any
 
 from pydantic import Field
 
-from keelrl.core.seeds import stable_hash
 from keelrl.sandbox.config import SandboxConfig, sandbox_of
 from keelrl.sandbox.judge import CASE_FIELDS, VIEWS, Case, calls_of, judge
 from keelrl.sandbox.pool import SandboxPool
@@ -61,8 +59,9 @@ from keelrl.tasks.base import (
     Split,
     TaskParams,
     Template,
+    check_bucket,
     in_test_split,
-    unknown_bucket,
+    shuffled_pick,
 )
 
 logger = logging.getLogger("keelrl.tasks.code")
@@ -356,7 +355,7 @@ class CodeTask:
         self._failures = SandboxFailures("code task")
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
-        return self._pick(self.splits[split], index, split)
+        return dict(shuffled_pick(self.splits[split], index, "code", self.seed, split))
 
     def prompt(self, problem: dict[str, Any], template: Template) -> Prompt:
         if template == "compact":
@@ -378,19 +377,11 @@ class CodeTask:
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
         """The `index`-th problem of `split` in `bucket`, from a new seeded permutation each pass."""
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         items = [p for p in self.splits[split] if self.difficulty(p) == bucket]
         if not items:
             raise ValueError(f"task code: the {split} split has no problem of difficulty {bucket!r}")
-        return self._pick(items, index, split, bucket)
-
-    def _pick(self, items: list[dict[str, Any]], index: int, *key: str) -> dict[str, Any]:
-        """The `index`-th of `items` in a permutation seeded by `key` and the pass over them (epoch)."""
-        epoch, pos = divmod(index, len(items))
-        order = list(range(len(items)))
-        random.Random(stable_hash("code", self.seed, *key, epoch)).shuffle(order)
-        return dict(items[order[pos]])
+        return dict(shuffled_pick(items, index, "code", self.seed, split, bucket))
 
     def score_many(self, problems: Sequence[dict[str, Any]], completions: Sequence[str]) -> list[Score]:
         """Score a batch, running the sandboxed executions in parallel on the shared pool."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import Field
 
-from keelrl.tasks.base import Score, Split, TaskParams
+from keelrl.tasks.base import SameProblems, Score, TaskParams
 from keelrl.tasks.code import SYSTEM_CODE_CHAT, CodeTask, extract_code
 from keelrl.tasks.env import EpisodeState, Message, StepResult
 
@@ -34,7 +34,7 @@ class FeedbackParams(TaskParams):
     )
 
 
-class CodeFeedback:
+class CodeFeedback(SameProblems):
     """The code task with public-test feedback and retries; see the module docstring."""
 
     name = "code_feedback"
@@ -42,19 +42,7 @@ class CodeFeedback:
     def __init__(self, seed: int = 0, sandbox: Any = None, **params: Any) -> None:
         own = {k: params.pop(k) for k in list(params) if k in FeedbackParams.model_fields}
         self.seed, self.params = seed, FeedbackParams(**own)
-        self.code = CodeTask(seed=seed, sandbox=sandbox, **params)
-
-    def problem(self, split: Split, index: int) -> dict[str, Any]:
-        return self.code.problem(split, index)
-
-    def difficulty(self, problem: dict[str, Any]) -> str:
-        return self.code.difficulty(problem)
-
-    def buckets(self) -> list[str]:
-        return self.code.buckets()
-
-    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        return self.code.problem_in(bucket, split, index)
+        self.task = CodeTask(seed=seed, sandbox=sandbox, **params)
 
     def reference_answer(self, problem: dict[str, Any]) -> str | None:
         return problem.get("reference")
@@ -76,7 +64,7 @@ class CodeFeedback:
         state.scratch["submission"] = assistant_turn
         state.scratch["attempts"] = attempts = state.scratch.get("attempts", 0) + 1
         public, _ = self.split_tests(state.problem)
-        s = self.code.score({**state.problem, "tests": public}, assistant_turn)
+        s = self.task.score({**state.problem, "tests": public}, assistant_turn)
         passed, total = s.info.get("passed", 0), s.info.get("total", len(public))
         verdict = f"{passed}/{total} public tests passed"
         if not s.correct:
@@ -88,7 +76,7 @@ class CodeFeedback:
     def finish(self, state: EpisodeState) -> Score:
         _, hidden = self.split_tests(state.problem)
         submission = state.scratch.get("submission", "")
-        score = self.code.score({**state.problem, "tests": hidden}, submission)
+        score = self.task.score({**state.problem, "tests": hidden}, submission)
         return Score(
             score.reward, score.correct, {**score.info, "attempts": state.scratch.get("attempts", 0)}
         )

@@ -23,12 +23,14 @@ Where this deliberately differs from TinyZero's `countdown.py` reward, and why:
 from __future__ import annotations
 
 import itertools
+import operator
 import random
 import re
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
@@ -42,9 +44,9 @@ from keelrl.tasks.base import (
     Split,
     TaskParams,
     Template,
+    check_bucket,
     in_test_split,
     last_answer,
-    unknown_bucket,
 )
 
 MAX_ANSWER_CHARS = 200
@@ -64,6 +66,7 @@ USER_TEXT_ANSWER_ONLY = (
 
 
 class CountdownParams(TaskParams):
+    ranges = ("numbers", "number", "target")
     min_numbers: int = Field(3, ge=2, le=6, description="Fewest numbers in a problem.")
     max_numbers: int = Field(4, ge=2, le=6, description="Most numbers in a problem.")
     min_number: int = Field(1, ge=1, description="Smallest number drawn.")
@@ -82,14 +85,6 @@ class CountdownParams(TaskParams):
             "(checked the same way, stated value included)."
         ),
     )
-
-    @model_validator(mode="after")
-    def _ranges(self) -> CountdownParams:
-        for key in ("numbers", "number", "target"):
-            lo, hi = getattr(self, f"min_{key}"), getattr(self, f"max_{key}")
-            if lo > hi:
-                raise ValueError(f"min_{key}={lo} > max_{key}={hi}")
-        return self
 
 
 class InvalidExpression(ValueError):
@@ -142,19 +137,18 @@ class _Parser:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
 
     def _expr(self, depth: int) -> Any:
-        node = self._term(depth)
-        while self._peek() in ("+", "-"):
-            op = self.tokens[self.i]
-            self.i += 1
-            node = (op, node, self._term(depth))
-        return node
+        return self._chain(("+", "-"), lambda: self._term(depth))
 
     def _term(self, depth: int) -> Any:
-        node = self._atom(depth)
-        while self._peek() in ("*", "/"):
+        return self._chain(("*", "/"), lambda: self._atom(depth))
+
+    def _chain(self, ops: tuple[str, str], operand: Callable[[], Any]) -> Any:
+        """operand (op operand)*, with any of `ops`, grouped from the left."""
+        node = operand()
+        while self._peek() in ops:
             op = self.tokens[self.i]
             self.i += 1
-            node = (op, node, self._atom(depth))
+            node = (op, node, operand())
         return node
 
     def _atom(self, depth: int) -> Any:
@@ -177,20 +171,17 @@ class _Parser:
         raise InvalidExpression("parse_error", f"unexpected {tok!r} (unary operators are not allowed)")
 
 
+OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
 def _evaluate(node: Any) -> Fraction:
     if isinstance(node, int):
         return Fraction(node)
     op, left, right = node
     a, b = _evaluate(left), _evaluate(right)
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if b == 0:
+    if op == "/" and b == 0:
         raise InvalidExpression("div_zero", "division by zero")
-    return a / b
+    return OPERATIONS[op](a, b)
 
 
 def check_expression(expression: str, numbers: list[int]) -> Fraction:
@@ -222,9 +213,7 @@ def score_countdown(numbers: list[int], target: int, completion: str, line_answe
     """TinyZero's reward on `completion` (the assistant turn, including any prefix the prompt put there).
     `line_answer`: an answer opened by the prompt's '<answer>' prefix may also end at the end of its line
     (small models state the equation and stop without the closing tag); it is checked the same way."""
-    answer = last_answer(completion)
-    if answer is None and line_answer and completion.startswith(ANSWER_PREFIX):
-        answer = completion[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
+    answer = last_answer(completion, line_answer)
     if answer is None:
         return Score(0.0, False, {"formatted": False, "reason": "no_answer"})
     expression, stated = answer.strip(), None
@@ -311,8 +300,7 @@ class Countdown:
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
         """The `index`-th problem of `split` with the bucket's count of numbers (its own seeded stream)."""
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         return self._generate(split, index, bucket)
 
     def _generate(self, split: Split, index: int, bucket: str | None = None) -> dict[str, Any]:
@@ -347,8 +335,7 @@ def solve(numbers: list[int], target: int) -> str | None:
             for op in "+-*/":
                 if op == "/" and b == 0:
                     continue
-                value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else a}[op]
-                found = rec([*rest, (f"({ta}{op}{tb})", value)])
+                found = rec([*rest, (f"({ta}{op}{tb})", OPERATIONS[op](a, b))])
                 if found:
                     return found
         return None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
@@ -32,8 +32,8 @@ from keelrl.tasks.base import (
     Score,
     Split,
     Template,
+    check_bucket,
     last_answer,
-    unknown_bucket,
 )
 from keelrl.tasks.countdown import Countdown, CountdownParams, score_countdown, solve
 
@@ -46,14 +46,9 @@ USER_TEXT = (
 
 
 class CountdownSetParams(CountdownParams):
+    ranges = (*CountdownParams.ranges, "problems")
     min_problems: int = Field(1, ge=1, le=8, description="Fewest problems in a set (the easiest bucket).")
     max_problems: int = Field(4, ge=1, le=8, description="Most problems in a set (the hardest bucket).")
-
-    @model_validator(mode="after")
-    def _problems(self) -> CountdownSetParams:
-        if self.min_problems > self.max_problems:
-            raise ValueError(f"min_problems={self.min_problems} > max_problems={self.max_problems}")
-        return self
 
 
 class CountdownSet:
@@ -76,8 +71,7 @@ class CountdownSet:
         return [f"x{k}" for k in range(self.params.min_problems, self.params.max_problems + 1)]
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         return self._set(split, index, int(bucket[1:]))
 
     def _set(self, split: Split, index: int, k: int) -> dict[str, Any]:
@@ -96,10 +90,9 @@ class CountdownSet:
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         items = problem["items"]
-        answer = last_answer(completion)
-        opened = completion.startswith(ANSWER_PREFIX)  # an answer left open at the end of its line counts
-        if answer is None and opened:
-            answer = completion[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
+        answer = last_answer(
+            completion, line_answer=True
+        )  # an answer left open at the end of its line counts
         if answer is None:
             return Score(0.0, False, {"formatted": False, "reason": "no_answer", "items_correct": 0})
         parts = answer.split(SEPARATOR)

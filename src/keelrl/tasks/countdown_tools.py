@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from keelrl.tasks.base import SYSTEM_CHAT, Score, Split
+from keelrl.tasks.base import SYSTEM_CHAT, SameProblems, Score
 from keelrl.tasks.countdown import Countdown, InvalidExpression, evaluate_expression, score_countdown
 from keelrl.tasks.env import EpisodeState, Message, StepResult
 from keelrl.tasks.tools import Tool, run_tool_calls, tool
@@ -35,7 +35,7 @@ def calc(expression: str) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
-class CountdownTools:
+class CountdownTools(SameProblems):
     """Countdown with a calculator tool; see the module docstring. `brief=True` (a parameter of its own, the
     others are Countdown's): the opening is only "3 5 7 -> 22", no instructions (tiny character models)."""
 
@@ -43,23 +43,11 @@ class CountdownTools:
 
     def __init__(self, seed: int = 0, brief: bool = False, **params: Any) -> None:
         self.seed, self.brief = seed, brief
-        self.countdown = Countdown(seed=seed, **params)
+        self.task = Countdown(seed=seed, **params)
         self.tools: list[Tool] = [tool(calc)]
 
-    def problem(self, split: Split, index: int) -> dict[str, Any]:
-        return self.countdown.problem(split, index)
-
-    def difficulty(self, problem: dict[str, Any]) -> str:
-        return self.countdown.difficulty(problem)
-
-    def buckets(self) -> list[str]:
-        return self.countdown.buckets()
-
-    def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        return self.countdown.problem_in(bucket, split, index)
-
     def reference_answer(self, problem: dict[str, Any]) -> str | None:
-        return self.countdown.reference_answer(problem)
+        return self.task.reference_answer(problem)
 
     def reset(self, problem: dict[str, Any], seed: int) -> list[Message]:
         if self.brief:
@@ -69,9 +57,7 @@ class CountdownTools:
         return [{"role": "system", "content": SYSTEM_CHAT}, {"role": "user", "content": user}]
 
     def step(self, state: EpisodeState, assistant_turn: str) -> StepResult:
-        replies = run_tool_calls(assistant_turn, self.tools)
-        info = {"tool_calls": replies.calls, "tool_errors": replies.errors}
-        return StepResult(replies.messages, 0.0, done=replies.calls == 0, info=info)
+        return run_tool_calls(assistant_turn, self.tools).step_result()
 
     def finish(self, state: EpisodeState) -> Score:
         last = next((m["content"] for m in reversed(state.messages) if m["role"] == "assistant"), "")

@@ -79,8 +79,8 @@ from keelrl.tasks.base import (
     Split,
     TaskParams,
     Template,
+    check_bucket,
     in_test_split,
-    unknown_bucket,
     unscored,
 )
 
@@ -475,8 +475,7 @@ class DatasetTask:
         return self._pick(split, "", index)
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        if bucket not in self.ladder:
-            raise unknown_bucket(self.name, bucket, self.ladder)
+        check_bucket(self, bucket)
         return self._pick(split, bucket, index)
 
     def buckets(self) -> list[str]:

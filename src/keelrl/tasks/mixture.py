@@ -25,9 +25,9 @@ from keelrl.tasks.base import (
     Task,
     TaskParams,
     Template,
+    check_bucket,
     score_batch,
     task_buckets,
-    unknown_bucket,
 )
 
 ALL = "all"
@@ -135,8 +135,7 @@ class TaskMixture:
         return [f"{label}/{b}" for label, task in self.members.items() for b in (task_buckets(task) or [ALL])]
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         label, inner = bucket.split("/", 1)
         task = self.members[label]
         problem = task.problem(split, index) if inner == ALL else task.problem_in(inner, split, index)  # type: ignore[attr-defined]

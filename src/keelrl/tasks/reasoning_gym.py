@@ -78,9 +78,9 @@ from keelrl.tasks.base import (
     Split,
     TaskParams,
     Template,
+    check_bucket,
     in_test_split,
     last_answer,
-    unknown_bucket,
 )
 
 logger = logging.getLogger("keelrl.tasks.reasoning_gym")
@@ -291,8 +291,7 @@ class ReasoningGymTask:
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
         """The `index`-th problem of `split` at curriculum level `bucket` (its own seeded generators);
         for a dataset without a curriculum, `problem(split, index)` under the bucket "all"."""
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         if bucket == ALL:
             return {**self.problem(split, index), "bucket": ALL}
         return self._generate(split, index, int(bucket[1:]))

@@ -40,13 +40,13 @@ from dataclasses import dataclass
 from string import Template
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from keelrl.core.seeds import stable_hash
 from keelrl.sandbox.config import SandboxConfig, sandbox_of
 from keelrl.sandbox.judge import Case, calls_of, judge, same
 from keelrl.sandbox.result import SandboxLimits
-from keelrl.tasks.base import Score, Split, TaskParams, in_test_split, unknown_bucket
+from keelrl.tasks.base import Score, Split, TaskParams, check_bucket, in_test_split
 from keelrl.tasks.code import SandboxFailures, shared_pool
 from keelrl.tasks.env import EpisodeState, Message, StepResult
 from keelrl.tasks.repo import (
@@ -315,6 +315,7 @@ PACKAGES = tuple("toolbox helpers minilib basics handy utilkit corekit smallutil
 
 
 class SweMiniParams(TaskParams):
+    ranges = ("modules",)
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of repositories in the test split.")
     min_modules: int = Field(2, ge=2, le=4, description="Fewest modules in a repository's package.")
     max_modules: int = Field(3, ge=2, le=4, description="Most modules in a repository's package.")
@@ -323,12 +324,6 @@ class SweMiniParams(TaskParams):
     memory_mb: int = Field(256, ge=64, le=1 << 20, description="Address-space limit per process (MB).")
     max_processes: int = Field(8, ge=1, le=4096, description="Processes and threads a run may have.")
     workers: int = Field(0, ge=0, description="Sandboxes run at once (shared pool); 0 means one per CPU.")
-
-    @model_validator(mode="after")
-    def _modules(self) -> SweMiniParams:
-        if self.min_modules > self.max_modules:
-            raise ValueError(f"min_modules={self.min_modules} > max_modules={self.max_modules}")
-        return self
 
 
 # ------------------------------------------------------------------------------------------ generation
@@ -530,8 +525,7 @@ class SweMini:
         return list(FAMILIES)
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        if bucket not in FAMILIES:
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         return generate(self.seed, split, index, self.params, bucket)
 
     def difficulty(self, problem: dict[str, Any]) -> str:
@@ -555,9 +549,7 @@ class SweMini:
 
     def step(self, state: EpisodeState, assistant_turn: str) -> StepResult:
         ws = self.workspace(state)
-        replies = run_tool_calls(assistant_turn, workspace_tools(ws, lambda: self.run_tests(ws)))
-        info = {"tool_calls": replies.calls, "tool_errors": replies.errors}
-        return StepResult(replies.messages, 0.0, replies.calls == 0, info)
+        return run_tool_calls(assistant_turn, workspace_tools(ws, lambda: self.run_tests(ws))).step_result()
 
     def finish(self, state: EpisodeState) -> Score:
         ws = self.workspace(state)

@@ -31,7 +31,6 @@ import logging
 import math
 import os
 import posixpath
-import random
 import re
 import shlex
 import time
@@ -46,7 +45,7 @@ from keelrl.core.seeds import stable_hash
 from keelrl.sandbox.boxes import Backend, Box, BoxError, BoxSpec, Ran, backend_for, start_box
 from keelrl.sandbox.config import SandboxConfig
 from keelrl.tasks import TaskError
-from keelrl.tasks.base import Score, Split, TaskParams, in_test_split, unknown_bucket, unscored
+from keelrl.tasks.base import Score, Split, TaskParams, check_bucket, in_test_split, shuffled_pick, unscored
 from keelrl.tasks.env import EpisodeState, ResetResult, StepResult
 from keelrl.tasks.repo import replace_once
 from keelrl.tasks.tools import OPEN_TAG, Tool, run_tool_calls, tool
@@ -255,10 +254,9 @@ class Terminal:
                 f"{self.name}: the {split} split has no task{f' of difficulty {bucket!r}' if bucket else ''} "
                 f"({len(self.items)} tasks in all); add tasks or change task.params.test_fraction"
             )
-        epoch, pos = divmod(index, len(names))
-        order = list(range(len(names)))
-        random.Random(stable_hash("taskdir", self.seed, split, *([bucket] if bucket else []), epoch)).shuffle(order)  # fmt: skip
-        return {"task": names[order[pos]]}
+        return {
+            "task": shuffled_pick(names, index, "taskdir", self.seed, split, *([bucket] if bucket else []))
+        }
 
     def difficulty(self, problem: dict[str, Any]) -> str:
         return self.items[problem["task"]].bucket
@@ -267,8 +265,7 @@ class Terminal:
         return sorted({self.items[n].bucket for n in self.splits["train"]})
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         return self.problem(split, index, bucket)
 
     # the episode
@@ -299,9 +296,7 @@ class Terminal:
             self.box(state)  # a box that cannot start ends the episode (agent_error), not as a tool error
         limit = min(self.params.shell_timeout_s, left)
         tools = terminal_tools(lambda: self.box(state), item.workdir, limit, item.agent_user)
-        replies = run_tool_calls(assistant_turn, tools)
-        info = {"tool_calls": replies.calls, "tool_errors": replies.errors}
-        return StepResult(replies.messages, done=replies.calls == 0, info=info)
+        return run_tool_calls(assistant_turn, tools).step_result()
 
     def finish(self, state: EpisodeState) -> Score:
         item = self.items[state.problem["task"]]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from keelrl.tasks.env import Message
+from keelrl.tasks.env import Message, StepResult
 
 CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
@@ -84,23 +84,31 @@ class ToolReplies:
     calls: int = 0
     errors: int = 0
 
+    def step_result(self) -> StepResult:
+        """A tool-using environment's step (tasks/env.py): these replies; a turn without a tool call ends the episode."""
+        return StepResult(
+            self.messages, 0.0, self.calls == 0, {"tool_calls": self.calls, "tool_errors": self.errors}
+        )
+
+
+def _json(text: str, error: str) -> Any:
+    """`text` parsed as JSON, else a ToolCallError: `error` with {msg} and {pos} filled in from the parser's."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ToolCallError(error.format(msg=err.msg, pos=err.pos)) from None
+
 
 def parse_call(body: str, tools: dict[str, Tool]) -> ToolCall:
     """One call's body (between the tags) -> ToolCall; raises ToolCallError saying what is wrong."""
     text = body.strip()
     if text.startswith("{"):
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ToolCallError(f"the call is not valid JSON ({err.msg} at character {err.pos})") from None
+        obj = _json(text, "the call is not valid JSON ({msg} at character {pos})")
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             raise ToolCallError('a JSON call needs "name" (a string) and "arguments" (an object)')
         name, args = obj["name"], obj.get("arguments", {})
         if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                raise ToolCallError('"arguments" is a string that is not a JSON object') from None
+            args = _json(args, '"arguments" is a string that is not a JSON object')
         if not isinstance(args, dict):
             raise ToolCallError('"arguments" must be a JSON object')
     else:
@@ -116,10 +124,7 @@ def parse_call(body: str, tools: dict[str, Tool]) -> ToolCall:
 
 def _plain_arguments(t: Tool | None, rest: str) -> dict[str, Any]:
     if rest.startswith("{"):
-        try:
-            args = json.loads(rest)
-        except json.JSONDecodeError as err:
-            raise ToolCallError(f"the arguments are not valid JSON ({err.msg})") from None
+        args = _json(rest, "the arguments are not valid JSON ({msg})")
         if isinstance(args, dict):
             return args
     required = t.parameters.get("required", []) if t is not None else []
