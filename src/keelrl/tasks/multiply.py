@@ -127,9 +127,7 @@ class Multiply:
         )
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
-        answer = last_answer(completion)
-        if answer is None and not self.params.think and completion.startswith(ANSWER_PREFIX):
-            answer = completion[len(ANSWER_PREFIX) :].split("\n", 1)[0].strip() or None
+        answer = last_answer(completion, line_answer=not self.params.think)
         if answer is None:
             return Score(0.0, False, {"formatted": False, "reason": "no_answer"})
         value = parse_integer(answer)
