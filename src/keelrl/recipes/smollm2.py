@@ -175,9 +175,9 @@ def family_losses(families: dict[str, list[float]], solved: float = 0.30, allowe
 
 @dataclass(frozen=True)
 class Track:
-    """What the recipe needs of one task: the task its stages train and are judged on, the task and eval length
-    of the base model's answer-only eval (on the same held-out problems), how SFT data is written, how problems
-    fall into families, the default plan, and the task's words for the summary table."""
+    """What the recipe needs of one task: the task (and params) its stages train and are judged on, the task the
+    base model's answer-only eval asks (the same held-out problems, its best prompt), how SFT data is written, how
+    problems fall into families, the default plan, the task's words for the summary table, the run folder."""
 
     task: str
     params: dict[str, Any]
