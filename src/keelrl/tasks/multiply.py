@@ -119,12 +119,10 @@ class Multiply:
         a, b = problem["a"], problem["b"]
         if template == "compact":
             return Prompt("", f"{a}*{b}", "")
+        system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
         if not self.params.think:
-            system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
             return Prompt(system, USER_TEXT_ANSWER_ONLY.format(a=a, b=b), ANSWER_PREFIX)
-        return Prompt(
-            SYSTEM_CHAT if template == "chat" else SYSTEM_BASE, USER_TEXT.format(a=a, b=b), THINK_PREFIX
-        )
+        return Prompt(system, USER_TEXT.format(a=a, b=b), THINK_PREFIX)
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         answer = last_answer(completion, line_answer=not self.params.think)
