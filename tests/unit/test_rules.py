@@ -167,6 +167,23 @@ def test_grad_spike_works_before_the_optimizer_step() -> None:
     assert grad_spike([*h, {"step": 41, "grad_norm": 0.31}], CFG.grad_spike) is None
 
 
+def test_a_minibatch_norm_is_judged_against_the_largest_minibatch_norms() -> None:
+    """With several optimizer steps per batch, one mini-batch's norm is compared with the steps' grad_norm/max,
+    not with their mean (SmolLM2, 4 mini-batches of 16: healthy mini-batch norms of 3-4 against a median mean
+    of 1.4 were skipped)."""
+    from keelrl.guards.step import check_update
+
+    rng = random.Random(0)
+    h = [{"step": s, "grad_norm": 1.4 + rng.uniform(-0.1, 0.1), "grad_norm/max": 2.4 + rng.uniform(-0.3, 0.3)}
+         for s in range(1, 21)]  # fmt: skip
+    judge = lambda norm, key: check_update(h, 21, 0.0, norm, 1.0, 0.5, CFG, grad_key=key)  # noqa: E731
+    assert judge(3.5, "grad_norm") is not None  # as a whole-step norm 3.5 is a spike (2.5x the mean)...
+    assert judge(3.5, "grad_norm/max") is None  # ...as one of a step's mini-batches it is not
+    f = judge(25.0, "grad_norm/max")  # a real spike still is
+    assert f is not None and f.name == "grad_spike" and f.evidence["grad_norm_max"] == 25.0
+    assert f.evidence["window_median"] == pytest.approx(2.4, abs=0.3)
+
+
 def sft_history(n: int) -> list[dict]:
     """An SFT run's records: loss/nll falling slowly from 2.0 with +-3% batch noise."""
     return [{"step": s, "loss/nll": 2.0 * 0.99**s * (1 + 0.03 * ((-1) ** s))} for s in range(1, n + 1)]

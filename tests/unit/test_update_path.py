@@ -258,6 +258,9 @@ def test_the_update_makes_epochs_times_minibatches_optimizer_steps(
     steps = {int(s["step"]) for s in state.optimizer.state.values()}
     assert steps == {epochs * minibatches}
     assert metrics["ratio/max"] > 1.0 + 1e-3
+    # the step's grad_norm is the mean of its optimizer steps' norms; grad_norm/max (the guards' yardstick for
+    # one mini-batch) is the largest of them
+    assert metrics["grad_norm/max"] > metrics["grad_norm"] > 0
 
 
 def test_metrics_are_token_means_whatever_the_loss_normaliser(stale_batch) -> None:

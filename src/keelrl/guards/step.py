@@ -39,12 +39,14 @@ def check_update(
     cfg: GuardsConfig,
     nll: float | None = None,
     pair_nll: float | None = None,
+    grad_key: str = "grad_norm",
 ) -> Finding | None:
     """The finding that says to skip this update, or None (always, with guards off). `nll`: SFT's per-token
-    loss, judged by loss_spike; `pair_nll`: a reward model's per-pair loss (neither spike rule judges it)."""
+    loss, judged by loss_spike; `pair_nll`: a reward model's per-pair loss (neither spike rule judges it);
+    `grad_key`: the history's norm that `grad_norm` is like ("grad_norm/max" for one of a step's mini-batches)."""
     if not cfg.enabled:
         return None
-    rec = {"step": step, "loss/total": loss, "grad_norm": grad_norm}
+    rec = {"step": step, "loss/total": loss, grad_key: grad_norm}
     if nll is not None:
         rec["loss/nll"] = nll
     if pair_nll is not None:
@@ -52,7 +54,7 @@ def check_update(
     # Both rules report critical findings only.
     if cfg.nonfinite.enabled and (f := nonfinite([rec], cfg.nonfinite)) is not None:
         return f
-    if cfg.grad_spike.enabled and (f := grad_spike([*history, rec], cfg.grad_spike)) is not None:
+    if cfg.grad_spike.enabled and (f := grad_spike([*history, rec], cfg.grad_spike, grad_key)) is not None:
         return f
     if cfg.loss_spike.enabled and (f := loss_spike([*history, rec], cfg.loss_spike)) is not None:
         return f

@@ -40,7 +40,7 @@ PLOTS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("Policy", "Clip fractions", ("clipfrac/*",), "fraction of tokens"),
     ("Policy", "Losses", ("loss/total", "loss/policy"), "loss"),
     ("Policy", "Advantages and ratios", ("advantage/*", "ratio/max"), "advantage / ratio"),
-    ("Optimisation", "Gradient norm", ("grad_norm",), "L2 norm (before clipping)"),
+    ("Optimisation", "Gradient norm", ("grad_norm", "grad_norm/max"), "L2 norm (before clipping)"),
     ("Optimisation", "Learning rate", ("lr",), "lr"),
     ("Optimisation", "Guards", ("guard/*",), "steps / updates"),
     ("Samples", "Response length", ("response_length/mean", "response_length/max", "eval/length/mean"), "tokens"),

@@ -157,6 +157,9 @@ def update_phase(
     critic, critic_opt = state.critic, state.critic_optimizer
     warmup = critic is not None and state.step < a.critic_warmup_steps  # the critic learns, the policy waits
     history = own_history(run)  # what the per-step guards judge each optimizer step against
+    passes = a.ppo_epochs * a.minibatches
+    # one mini-batch's norm is judged against the largest mini-batch norms of the steps before (guards' grad_spike)
+    grad_key, grad_max = ("grad_norm/max" if passes > 1 else "grad_norm"), 0.0
     for epoch in range(a.ppo_epochs):
         perm = torch.arange(B, device=world.device)
         if a.minibatches > 1:
@@ -186,6 +189,7 @@ def update_phase(
             run.faults.corrupt_gradients(state.step + 1, policy)
             grad_norm = agree_on_norm(grad_norm_and_clip(policy, a.grad_clip), world)
             sums["grad_norm"] += grad_norm
+            grad_max = max(grad_max, grad_norm)
             finding = check_update(
                 history,
                 state.step + 1,
@@ -194,6 +198,7 @@ def update_phase(
                 ratio_max,
                 advantage_abs_mean,
                 run.cfg.guards,
+                grad_key=grad_key,
             )
             if finding is not None and finding.action == "skip":
                 skipped += 1
@@ -206,8 +211,9 @@ def update_phase(
                 sums["critic/grad_norm"] += grad_norm_and_clip(critic, a.grad_clip)
                 critic_opt.step()
     sync = end_of_step(run, state)
-    passes = a.ppo_epochs * a.minibatches
     out = {k: v / passes for k, v in sums.items()}
+    if passes > 1:
+        out["grad_norm/max"] = grad_max
     out["ratio/max"] = ratio_max
     out["lr"] = lr
     out["guard/skipped_updates"] = float(skipped)
