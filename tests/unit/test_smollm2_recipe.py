@@ -72,11 +72,11 @@ def test_every_plan_gives_stages_their_checks_accept(quick: bool, track: str, tm
     """A plan's sizes must fit together (e.g. the RL mini-batch must be a multiple of the micro-batch): a plan the
     checks refuse would fail only after the traces, the base eval and the SFT stage had run."""
     from keelrl.config import config_from_dict
-    from keelrl.recipes.smollm2 import Plan, rl_config, sft_config
+    from keelrl.recipes.smollm2 import rl_config, sft_config
     from keelrl.stages import check_stage
 
     t = TRACKS[track]
-    plan = Plan.quick() if quick else t.plan
+    plan = t.plan.quick() if quick else t.plan
     check_stage(config_from_dict(sft_config(tmp_path / "data.jsonl", plan, seed=0, threads=1, track=t)))
     check_stage(config_from_dict(rl_config(tmp_path / "sft" / "final", plan, seed=0, threads=1, track=t)))
 
