@@ -81,6 +81,20 @@ def test_every_plan_gives_stages_their_checks_accept(quick: bool, track: str, tm
     check_stage(config_from_dict(rl_config(tmp_path / "sft" / "final", plan, seed=0, threads=1, track=t)))
 
 
+def test_a_quick_plan_keeps_its_tracks_rl_settings() -> None:
+    """A smoke run must exercise the track's own RL stage: Multiplication's curriculum buckets would bring in 1x1
+    problems, which its track leaves out, so it keeps problems in order."""
+    for t in TRACKS.values():
+        q = t.plan.quick()
+        assert (q.rl_temperature, q.rl_curriculum, q.rl_dynamic_sampling) == (
+            t.plan.rl_temperature,
+            t.plan.rl_curriculum,
+            t.plan.rl_dynamic_sampling,
+        )
+        assert q.rl_steps < t.plan.rl_steps and q.eval_problems < t.plan.eval_problems
+    assert TRACKS["multiply"].plan.rl_curriculum == "" and TRACKS["countdown"].plan.rl_curriculum == "band"
+
+
 def test_multiply_track_trains_on_correct_worked_products_of_train_pairs_only() -> None:
     t = TRACKS["multiply"]
     task = get_task(t.task, **t.params)
