@@ -33,6 +33,7 @@ BENCH = ROOT / "benchmarks"
 HELPERS = {
     "curriculum_families.py": "curriculum.py's families",
     "demo_setup.py": "the demo-config benchmarks' set-up and QUICK sizes",
+    "eval_repeats.py": "reads two eval reports (test_eval_repeats below)",
     "gpu_check_report.py": "gpu_check.sh's JSON (test_gpu_check_report below)",
     "mutate_loss.py": "the mutation audit: minutes (it runs the test suite per mutant); `make mutants` runs it",
 }
@@ -464,6 +465,35 @@ def test_gpu_check_report(tmp_path: Path) -> None:
     assert drill["metrics_differing_max_abs"] == {"reward/mean": pytest.approx(0.25)}
     summary = json.loads(run_script([*report, "summary", str(tmp_path), "cpu", "1"]).stdout)
     assert summary["dry_run"] is True and summary["device"] == "cpu" and summary["learning"] == {}
+
+
+def test_eval_repeats(tmp_path: Path) -> None:
+    """eval_repeats.py's worked numbers: six draws of three problems ("3 1 -> 3" drawn four times, in both orders),
+    counted over the draws and over distinct problems, with and without `--unordered numbers`."""
+    draws = [([3, 1], 3, 1, 0)] * 3 + [([1, 3], 3, 1, 0), ([2, 2, 5], 9, 0, 1), ([1, 2, 3], 6, 1, 1)]
+    for name, col in (("a", 2), ("b", 3)):
+        records = [
+            {
+                "problem": {"numbers": d[0], "target": d[1]},
+                "difficulty": f"n{len(d[0])}",
+                "correct": [bool(d[col])],
+            }
+            for d in draws
+        ]
+        (tmp_path / f"{name}.json").write_text(json.dumps({"records": {"greedy": records}}))
+    script = [
+        sys.executable,
+        str(BENCH / "eval_repeats.py"),
+        str(tmp_path / "a.json"),
+        str(tmp_path / "b.json"),
+    ]
+    r = json.loads(run_script([*script, "--unordered", "numbers"]).stdout)
+    assert r["draws"] == 6 and r["distinct"] == 3 and r["repeats_that_disagree"] == 0
+    assert r["over_draws"]["a"] == pytest.approx(5 / 6, abs=1e-4) and r["over_draws"]["diff"] == -0.5
+    assert r["over_distinct"]["a"] == pytest.approx(2 / 3, abs=1e-4) and r["over_distinct"]["diff"] == 0.0
+    assert r["by_difficulty_distinct"]["n2"] == {"draws": 4, "distinct": 1, "a": 1.0, "b": 0.0}
+    ordered = json.loads(run_script(script).stdout)  # [3, 1] and [1, 3] are two problems
+    assert ordered["distinct"] == 4 and ordered["over_distinct"]["diff"] == -0.25
 
 
 @pytest.mark.slow

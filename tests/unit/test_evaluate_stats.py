@@ -328,6 +328,23 @@ def test_report_json_round_trip_gives_the_same_table() -> None:
         np.testing.assert_array_equal(t1[k], t2[k])
 
 
+def test_a_report_counts_its_distinct_problems_and_says_so_when_some_repeat() -> None:
+    r = report([True, False, True, True])
+    assert r.summary(resamples=50)["distinct_problems"] == 4
+    assert "(4 distinct)" not in rendered_title(r)
+    for res, drawn in zip(r.greedy or [], ({"i": 0}, {"i": 1}, {"i": 0}, {"i": 0})):  # problem 0 drawn thrice
+        res.problem = drawn
+    summary = r.summary(resamples=50)
+    assert summary["problems"] == 4 and summary["distinct_problems"] == 2
+    assert "4 problems (2 distinct)" in rendered_title(r)
+
+
+def rendered_title(r: EvalReport) -> str:
+    from keelrl.evals.render import render_summary
+
+    return str(render_summary(r.summary(resamples=50))[0].title)
+
+
 # ------------------------------------------------------------------------------------------------- gates
 
 RESULTS = {

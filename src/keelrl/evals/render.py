@@ -26,8 +26,10 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
     else:
         passes = ["greedy"] if s.get("greedy") else []
         passes += [f"{s['samples']} samples at T={s.get('temperature')}"] if s.get("samples") else []
+        distinct = summary.get("distinct_problems", summary.get("problems"))
+        repeats = f" ({distinct} distinct)" if distinct != summary.get("problems") else ""
         title = (
-            f"{s.get('model', '')} on {s.get('task', '')}: {summary.get('problems')} problems "
+            f"{s.get('model', '')} on {s.get('task', '')}: {summary.get('problems')} problems{repeats} "
             f"({' + '.join(passes)}), {summary.get('problems_per_s', 0.0):.2f} problems/s"
         )
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)

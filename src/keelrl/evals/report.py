@@ -8,6 +8,7 @@ excludes 0 (in the metric's direction of improvement), else `indistinguishable`.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -95,6 +96,9 @@ class EvalReport:
             **{k: self.settings[k] for k in ("model", "task") if k in self.settings},
             **({"accuracy": metrics["accuracy"]["value"]} if "accuracy" in metrics else {}),
             "problems": num,
+            # a procedural task with a small held-out space draws some problems more than once: the metrics are
+            # then those of the task's distribution, and this many problems carry them (docs/eval.md)
+            "distinct_problems": len({json.dumps(p, sort_keys=True) for p in self.problems()}),
             "score_errors": len(errors),  # samples scored 0 because the task's checker raised
             **({"first_score_error": errors[0]} if errors else {}),
             "metrics": metrics,
