@@ -68,6 +68,11 @@ class EvalReport:
     def problems(self) -> list[dict[str, Any]]:
         return [r.problem for r in self.records]
 
+    def distinct_problems(self) -> int:
+        """A procedural task with a small held-out space draws some problems more than once: the metrics are
+        then those of the task's distribution, and this many problems carry them (docs/eval.md)."""
+        return len({json.dumps(p, sort_keys=True) for p in self.problems()})
+
     def table(self) -> dict[str, np.ndarray]:
         return problem_metrics(self.greedy, self.sampled, self.ks if self.sampled else ())
 
@@ -96,9 +101,7 @@ class EvalReport:
             **{k: self.settings[k] for k in ("model", "task") if k in self.settings},
             **({"accuracy": metrics["accuracy"]["value"]} if "accuracy" in metrics else {}),
             "problems": num,
-            # a procedural task with a small held-out space draws some problems more than once: the metrics are
-            # then those of the task's distribution, and this many problems carry them (docs/eval.md)
-            "distinct_problems": len({json.dumps(p, sort_keys=True) for p in self.problems()}),
+            "distinct_problems": self.distinct_problems(),
             "score_errors": len(errors),  # samples scored 0 because the task's checker raised
             **({"first_score_error": errors[0]} if errors else {}),
             "metrics": metrics,

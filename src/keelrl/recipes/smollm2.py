@@ -388,6 +388,7 @@ def run_smollm2(
         "families_lost": family_losses(families),
         "by_family_sft": by_family(base, sft, track.family),
         "eval_problems": len(base.records),
+        "eval_distinct_problems": base.distinct_problems(),  # docs/eval.md
         "plan": asdict(plan),
         "rl_steps": rl_summary.get("steps"),
         "stage_seconds": seconds,
@@ -413,7 +414,8 @@ def accuracy_fields(prefix: str, report: Any) -> dict[str, Any]:
 def print_summary(console: Any, s: dict[str, Any], out: Path, title: str) -> None:
     from rich.table import Table
 
-    table = Table(title=f"held-out {title}, greedy, {s['eval_problems']} problems (seed {s['seed']})")
+    problems = f"{s['eval_problems']} problems ({s['eval_distinct_problems']} distinct)"
+    table = Table(title=f"held-out {title}, greedy, {problems} (seed {s['seed']})")
     for col in ("", "accuracy", "95% interval"):
         table.add_column(col)
     for name, key in (
