@@ -15,6 +15,12 @@ def _interval(metric: Mapping[str, Any]) -> str:
     return f"[{_fmt(lo)}, {_fmt(hi)}]"
 
 
+def problems_text(summary: Mapping[str, Any]) -> str:
+    """ "500 problems", or "500 problems (151 distinct)" when some were drawn more than once (docs/eval.md)."""
+    n, distinct = summary.get("problems"), summary.get("distinct_problems", summary.get("problems"))
+    return f"{n} problems" + (f" ({distinct} distinct)" if distinct != n else "")
+
+
 def render_summary(summary: Mapping[str, Any]) -> list[Any]:
     """Rich renderables for an eval summary (or perplexity result): metric table, difficulty breakdown."""
     from rich import box
@@ -26,10 +32,8 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
     else:
         passes = ["greedy"] if s.get("greedy") else []
         passes += [f"{s['samples']} samples at T={s.get('temperature')}"] if s.get("samples") else []
-        distinct = summary.get("distinct_problems", summary.get("problems"))
-        repeats = f" ({distinct} distinct)" if distinct != summary.get("problems") else ""
         title = (
-            f"{s.get('model', '')} on {s.get('task', '')}: {summary.get('problems')} problems{repeats} "
+            f"{s.get('model', '')} on {s.get('task', '')}: {problems_text(summary)} "
             f"({' + '.join(passes)}), {summary.get('problems_per_s', 0.0):.2f} problems/s"
         )
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)

@@ -414,7 +414,11 @@ def accuracy_fields(prefix: str, report: Any) -> dict[str, Any]:
 def print_summary(console: Any, s: dict[str, Any], out: Path, title: str) -> None:
     from rich.table import Table
 
-    problems = f"{s['eval_problems']} problems ({s['eval_distinct_problems']} distinct)"
+    from keelrl.evals.render import problems_text
+
+    problems = problems_text(
+        {"problems": s["eval_problems"], "distinct_problems": s["eval_distinct_problems"]}
+    )
     table = Table(title=f"held-out {title}, greedy, {problems} (seed {s['seed']})")
     for col in ("", "accuracy", "95% interval"):
         table.add_column(col)
