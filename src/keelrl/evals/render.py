@@ -16,7 +16,7 @@ def _interval(metric: Mapping[str, Any]) -> str:
 
 
 def problems_text(summary: Mapping[str, Any]) -> str:
-    """ "500 problems", or "500 problems (151 distinct)" when some were drawn more than once (docs/eval.md)."""
+    """`500 problems`, or `500 problems (151 distinct)` when some were drawn more than once (docs/eval.md)."""
     n, distinct = summary.get("problems"), summary.get("distinct_problems", summary.get("problems"))
     return f"{n} problems" + (f" ({distinct} distinct)" if distinct != n else "")
 
