@@ -46,11 +46,15 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
+from pydantic import Field
+
 from keelrl.core.seeds import stable_hash
-from keelrl.tasks.countdown import Countdown, score_countdown
+from keelrl.tasks.base import Score
+from keelrl.tasks.countdown import Countdown, CountdownParams, score_countdown
 
 GIVE_UP = "?"
 
@@ -307,11 +311,46 @@ def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
     }
 
 
+class SearchParams(CountdownParams):
+    false_step_penalty: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Subtracted from the reward of a completion whose written search states a false result (a step like "
+            "'6-6=1', `behaviour`'s arith_errors > 0), right answer or not; `correct` stays the checker's verdict. "
+            "0: the reward is Countdown's alone."
+        ),
+    )
+
+
+def penalise_false_steps(score: Score, false_steps: int, penalty: float) -> Score:
+    """`score` with `penalty` taken off its reward when the search stated `false_steps` > 0 wrong results (once,
+    however many): a wrong answer reached by a false check ("6+6=12 6-6=1!" then 6-6 for 36: reward 0.1)
+    then scores below an honest search that ran out (0.0), so groups whose answers are all wrong still carry a
+    GRPO signal. `correct` and a score without a reward (status not "ok") are left as they are."""
+    if false_steps <= 0 or penalty == 0.0 or score.status != "ok":
+        return score
+    return replace(score, reward=score.reward - penalty, info={**score.info, "false_steps": false_steps})
+
+
 class CountdownSearch(Countdown):
     """Countdown answered by a written search: keelrl's Countdown (problems, splits, checker, buckets, its
-    compact prompt for tiny models) inherited, and `behaviour` for eval statistics. Params are Countdown's."""
+    compact prompt for tiny models) inherited, and `behaviour` for eval statistics. Params are Countdown's and
+    `false_step_penalty`."""
 
     name = "countdown_search"
+
+    def __init__(self, seed: int = 0, **params: Any) -> None:
+        self.seed = seed
+        self.params = SearchParams(**params)
+
+    def score(self, problem: dict[str, Any], completion: str) -> Score:
+        score = super().score(problem, completion)
+        if self.params.false_step_penalty == 0.0:
+            return score
+        errors = int(behaviour(problem, completion)["arith_errors"])
+        return penalise_false_steps(score, errors, self.params.false_step_penalty)
 
     def reference_answer(self, problem: dict[str, Any]) -> str | None:
         """A best-first search trace that ends in a correct answer (or Countdown's expression if the search
