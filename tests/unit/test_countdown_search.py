@@ -47,6 +47,7 @@ def test_worked_trace_gives_exact_numbers() -> None:
         "arith_errors": 0.0,
         "arith_error_rate": 0.0,
         "any_arith_error": 0.0,
+        "false_marks": 0.0,  # the one `!` is on 39+7=46
     }
     assert tuple(b) == BEHAVIOUR_KEYS
 
@@ -198,11 +199,16 @@ def test_task_delegates_to_countdown() -> None:
 def test_false_step_penalty_lowers_the_reward_of_a_search_that_states_a_false_result() -> None:
     task = CountdownSearch(**PARAMS, false_step_penalty=0.5)
     plain = CountdownSearch(**PARAMS)
-    # a wrong answer after a false check (seed 1's "6 6 -> 36"): 0.1 for a formatted answer, less the penalty
+    # a wrong answer after a false check (seed 1's "6 6 -> 36"): 0.1 for a formatted answer, less the penalty;
+    # "6-6=1!" is false twice (its arithmetic, and 1 is not the target)
     lie = {"numbers": [6, 6], "target": 36}, "6+6=12 6-6=1!\n<answer>6-6</answer>"
     assert plain.score(*lie).reward == pytest.approx(0.1)
     got = task.score(*lie)
-    assert got.reward == pytest.approx(-0.4) and not got.correct and got.info["false_steps"] == 1
+    assert got.reward == pytest.approx(-0.4) and not got.correct and got.info["false_steps"] == 2
+    # true arithmetic, but marked as reaching the target when it does not (the SFT models' commonest failure)
+    mark = {"numbers": [1, 1, 3], "target": 6}, "3+1=4:4+1=5 4-1=3 4*1=4!\n<answer>(3+1)*1</answer>"
+    assert behaviour(*mark)["arith_errors"] == 0 and behaviour(*mark)["false_marks"] == 1
+    assert task.score(*mark).reward == pytest.approx(0.1 - 0.5)
     # a right answer after two false steps: correct stays the checker's, the penalty is taken once
     slip = {"numbers": [9, 4], "target": 13}, "9+4=14 9-4=13!\n<answer>9+4</answer>"
     got = task.score(*slip)

@@ -244,6 +244,7 @@ BEHAVIOUR_KEYS = (
     "arith_errors",
     "arith_error_rate",
     "any_arith_error",
+    "false_marks",
 )
 
 
@@ -259,13 +260,14 @@ def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
     arithmetic), answered (an <answer> block), verified (answered, and the last operation written before the
     first <answer> states the target), gave_up (a `?` line), nodes (operations stated before the answer),
     backtracks (search lines followed by a line at the same or a shallower level), arith_errors (stated
-    results that are wrong), arith_error_rate (arith_errors / nodes, 0 without nodes), any_arith_error."""
+    results that are wrong), arith_error_rate (arith_errors / nodes, 0 without nodes), any_arith_error, false_marks
+    (operations marked `!`, "reaches the target", whose stated result is not the target: "4*1=4!" for 6)."""
     target = problem.get("target")
     numbers = list(problem.get("numbers", []))
     text = completion[:MAX_PARSE_CHARS] if isinstance(completion, str) else ""
     cut = text.find("<answer>")
     search = text if cut < 0 else text[:cut]
-    nodes = errors = backtracks = 0
+    nodes = errors = backtracks = false_marks = 0
     found = gave_up = False
     last_result: int | None = None
     prev_depth: int | None = None
@@ -287,6 +289,7 @@ def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
             true = _true_value(a, op, b)
             ok = true is not None and true == c
             errors += not ok
+            false_marks += m.group(5) == "!" and c != target
             last_result = c
             if ok and c == target and (0 <= colon < m.start() or (colon < 0 and "|" not in line)):
                 found = True
@@ -308,6 +311,7 @@ def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
         "arith_errors": float(errors),
         "arith_error_rate": errors / nodes if nodes else 0.0,
         "any_arith_error": float(errors > 0),
+        "false_marks": float(false_marks),
     }
 
 
@@ -317,16 +321,17 @@ class SearchParams(CountdownParams):
         ge=0.0,
         le=1.0,
         description=(
-            "Subtracted from the reward of a completion whose written search states a false result (a step like "
-            "'6-6=1', `behaviour`'s arith_errors > 0), right answer or not; `correct` stays the checker's verdict. "
+            "Subtracted from the reward of a completion whose written search states something false: a wrong "
+            "result ('6-6=1') or a step marked as reaching the target that does not ('4*1=4!' for 6), right "
+            "answer or not (`behaviour`'s arith_errors + false_marks > 0); `correct` stays the checker's verdict. "
             "0: the reward is Countdown's alone."
         ),
     )
 
 
 def penalise_false_steps(score: Score, false_steps: int, penalty: float) -> Score:
-    """`score` with `penalty` taken off its reward when the search stated `false_steps` > 0 wrong results (once,
-    however many): a wrong answer reached by a false check ("6+6=12 6-6=1!" then 6-6 for 36: reward 0.1)
+    """`score` with `penalty` taken off its reward when the search stated `false_steps` > 0 false things (once,
+    however many): a wrong answer reached by a false check ("4*1=4!" then (3+1)*1 for 6: reward 0.1)
     then scores below an honest search that ran out (0.0), so groups whose answers are all wrong still carry a
     GRPO signal. `correct` and a score without a reward (status not "ok") are left as they are."""
     if false_steps <= 0 or penalty == 0.0 or score.status != "ok":
@@ -349,8 +354,9 @@ class CountdownSearch(Countdown):
         score = super().score(problem, completion)
         if self.params.false_step_penalty == 0.0:
             return score
-        errors = int(behaviour(problem, completion)["arith_errors"])
-        return penalise_false_steps(score, errors, self.params.false_step_penalty)
+        seen = behaviour(problem, completion)
+        false_steps = int(seen["arith_errors"] + seen["false_marks"])
+        return penalise_false_steps(score, false_steps, self.params.false_step_penalty)
 
     def reference_answer(self, problem: dict[str, Any]) -> str | None:
         """A best-first search trace that ends in a correct answer (or Countdown's expression if the search
