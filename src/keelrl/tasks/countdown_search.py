@@ -38,7 +38,10 @@ makes the same ones), and an intermediate result above twice the target is not e
 accepts any valid expression.
 
 `behaviour(problem, completion)` is a pure parser of such text that never raises on arbitrary output; its
-numbers (found, nodes, backtracks, verified, arithmetic errors, ...) become `eval/search/<name>` metrics.
+numbers (found, nodes, backtracks, verified, arithmetic errors, ...) become `eval/search/<name>` metrics. The
+task's `false_step_penalty` turns two of them into reward: a search that states a wrong result or marks a step
+that does not reach the target loses that much reward (`penalise_false_steps`), so an honest failure scores above
+a wrong answer reached by a false check.
 """
 
 from __future__ import annotations
