@@ -13,7 +13,6 @@ import pytest
 
 from keelrl.evals.run import ProblemResult, behaviour_means, run_eval, summarize
 from keelrl.tasks import get_task
-from keelrl.tasks.base import Score
 from keelrl.tasks.countdown import Countdown, score_countdown
 from keelrl.tasks.countdown_search import (
     BEHAVIOUR_KEYS,
@@ -24,7 +23,6 @@ from keelrl.tasks.countdown_search import (
     best_first,
     candidate_steps,
     packed_corpus_text,
-    penalise_false_steps,
     search_trace,
     trace_corpus_text,
 )
@@ -196,33 +194,16 @@ def test_task_delegates_to_countdown() -> None:
     assert task.behaviour(PROBLEM, WORKED)["verified"] == 1.0
 
 
-def test_false_step_penalty_lowers_the_reward_of_a_search_that_states_a_false_result() -> None:
-    task = CountdownSearch(**PARAMS, false_step_penalty=0.5)
-    plain = CountdownSearch(**PARAMS)
-    # a wrong answer after a false check (seed 1's "6 6 -> 36"): 0.1 for a formatted answer, less the penalty;
-    # "6-6=1!" is false twice (its arithmetic, and 1 is not the target)
-    lie = {"numbers": [6, 6], "target": 36}, "6+6=12 6-6=1!\n<answer>6-6</answer>"
-    assert plain.score(*lie).reward == pytest.approx(0.1)
-    got = task.score(*lie)
-    assert got.reward == pytest.approx(-0.4) and not got.correct and got.info["false_steps"] == 2
+def test_a_mark_on_a_step_that_misses_the_target_is_a_false_mark() -> None:
     # true arithmetic, but marked as reaching the target when it does not (the SFT models' commonest failure)
-    mark = {"numbers": [1, 1, 3], "target": 6}, "3+1=4:4+1=5 4-1=3 4*1=4!\n<answer>(3+1)*1</answer>"
-    assert behaviour(*mark)["arith_errors"] == 0 and behaviour(*mark)["false_marks"] == 1
-    assert task.score(*mark).reward == pytest.approx(0.1 - 0.5)
-    # a right answer after two false steps: correct stays the checker's, the penalty is taken once
-    slip = {"numbers": [9, 4], "target": 13}, "9+4=14 9-4=13!\n<answer>9+4</answer>"
-    got = task.score(*slip)
-    assert got.correct and got.reward == pytest.approx(0.5) and got.info["false_steps"] == 2
-    # an honest search, right or out of budget, is scored as Countdown scores it
-    assert task.score(PROBLEM, WORKED) == plain.score(PROBLEM, WORKED)
-    honest = {"numbers": [8, 6], "target": 3}, "8+6=14 8-6=2 8*6=48\n?"
-    assert task.score(*honest) == plain.score(*honest) and task.score(*honest).reward == 0.0
-    # a score without a reward is left alone; steps after the first <answer> are not the search's
-    no_reward = Score(0.0, False, {"reason": "x"}, "verifier_error")
-    assert penalise_false_steps(no_reward, 3, 0.5) is no_reward
-    assert task.score(PROBLEM, WORKED + " 1+1=3") == plain.score(PROBLEM, WORKED + " 1+1=3")
-    with pytest.raises(ValueError, match="false_step_penalty"):
-        CountdownSearch(**PARAMS, false_step_penalty=1.5)
+    b = behaviour({"numbers": [1, 1, 3], "target": 6}, "3+1=4:4+1=5 4-1=3 4*1=4!\n<answer>(3+1)*1</answer>")
+    assert (b["arith_errors"], b["false_marks"], b["correct"]) == (0.0, 1.0, 0.0)
+    # "6-6=1!" for 36 is false twice: its arithmetic, and 1 is not the target
+    b = behaviour({"numbers": [6, 6], "target": 36}, "6+6=12 6-6=1!\n<answer>6-6</answer>")
+    assert (b["arith_errors"], b["false_marks"]) == (1.0, 1.0)
+    # a mark on the target with a false result is an arithmetic error, not a false mark
+    b = behaviour(PROBLEM, "13+7=20:20+3=46!\n<answer>(13+7)+3</answer>")
+    assert (b["arith_errors"], b["false_marks"]) == (1.0, 0.0)
 
 
 class TraceSampler:

@@ -95,22 +95,6 @@ def test_a_quick_plan_keeps_its_tracks_rl_settings() -> None:
     assert TRACKS["multiply"].plan.rl_curriculum == "" and TRACKS["countdown"].plan.rl_curriculum == "band"
 
 
-def test_the_false_step_penalty_reaches_the_rl_stages_reward_only(tmp_path: Path) -> None:
-    from dataclasses import replace
-
-    from keelrl.config import config_from_dict
-    from keelrl.recipes.smollm2 import Plan, rl_config, sft_config
-
-    plan = replace(Plan(), rl_false_step_penalty=0.5)
-    rl = config_from_dict(rl_config(tmp_path / "sft" / "final", plan, seed=0, threads=1))
-    sft = config_from_dict(sft_config(tmp_path / "data.jsonl", plan, seed=0, threads=1))
-    lie = {"numbers": [1, 1, 3], "target": 6}, "3+1=4:4+1=5 4-1=3 4*1=4!\n<answer>(3+1)*1</answer>"
-    rewards = [get_task(c.task.name, **c.task.params).score(*lie).reward for c in (rl, sft)]
-    assert rewards == [pytest.approx(-0.4), pytest.approx(0.1)]
-    # off by default: the RL stage's task params are the track's own
-    assert rl_config(tmp_path, Plan(), seed=0, threads=1)["task"]["params"] == TASK_PARAMS
-
-
 def test_multiply_track_trains_on_correct_worked_products_of_train_pairs_only() -> None:
     t = TRACKS["multiply"]
     task = get_task(t.task, **t.params)

@@ -98,8 +98,6 @@ class Plan:
     rl_curriculum: str = "band"
     # DAPO dynamic sampling: a group all right or all wrong (no GRPO signal) is replaced by a fresh prompt's group
     rl_dynamic_sampling: bool = True
-    # taken off the RL reward of a search that states a false result ('6-6=1!'; tasks/countdown_search.py)
-    rl_false_step_penalty: float = 0.0
     max_new_tokens: int = MAX_TRACE_TOKENS
     eval_problems: int = EVAL_PROBLEMS
 
@@ -252,10 +250,9 @@ def sft_config(
 def rl_config(
     base: Path, plan: Plan, seed: int, threads: int, track: Track = TRACKS["countdown"]
 ) -> dict[str, Any]:
-    penalty = {"false_step_penalty": plan.rl_false_step_penalty} if plan.rl_false_step_penalty else {}
     return {
         "model": {"path": str(base)},
-        "task": {"name": track.task, "template": "chat", "params": {**track.params, **penalty}, "seed": 0},
+        "task": {"name": track.task, "template": "chat", "params": track.params, "seed": 0},
         "rollout": {
             "batch_size": plan.rl_problems * plan.rl_group,
             "group_size": plan.rl_group,

@@ -38,10 +38,8 @@ makes the same ones), and an intermediate result above twice the target is not e
 accepts any valid expression.
 
 `behaviour(problem, completion)` is a pure parser of such text that never raises on arbitrary output; its
-numbers (found, nodes, backtracks, verified, arithmetic errors, ...) become `eval/search/<name>` metrics. The
-task's `false_step_penalty` turns two of them into reward: a search that states a wrong result or marks a step
-that does not reach the target loses that much reward (`penalise_false_steps`), so an honest failure scores above
-a wrong answer reached by a false check.
+numbers (found, nodes, backtracks, verified, arithmetic errors, false marks, ...) become `eval/search/<name>`
+metrics.
 """
 
 from __future__ import annotations
@@ -49,15 +47,11 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from pydantic import Field
-
 from keelrl.core.seeds import stable_hash
-from keelrl.tasks.base import Score
-from keelrl.tasks.countdown import Countdown, CountdownParams, score_countdown
+from keelrl.tasks.countdown import Countdown, score_countdown
 
 GIVE_UP = "?"
 
@@ -318,48 +312,11 @@ def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
     }
 
 
-class SearchParams(CountdownParams):
-    false_step_penalty: float = Field(
-        0.0,
-        ge=0.0,
-        le=1.0,
-        description=(
-            "Subtracted from the reward of a completion whose written search states something false: a wrong "
-            "result ('6-6=1') or a step marked as reaching the target that does not ('4*1=4!' for 6), right "
-            "answer or not (`behaviour`'s arith_errors + false_marks > 0); `correct` stays the checker's verdict. "
-            "0: the reward is Countdown's alone."
-        ),
-    )
-
-
-def penalise_false_steps(score: Score, false_steps: int, penalty: float) -> Score:
-    """`score` with `penalty` taken off its reward when the search stated `false_steps` > 0 false things (once,
-    however many): a wrong answer reached by a false check ("4*1=4!" then (3+1)*1 for 6: reward 0.1)
-    then scores below an honest search that ran out (0.0), so groups whose answers are all wrong still carry a
-    GRPO signal. `correct` and a score without a reward (status not "ok") are left as they are."""
-    if false_steps <= 0 or penalty == 0.0 or score.status != "ok":
-        return score
-    return replace(score, reward=score.reward - penalty, info={**score.info, "false_steps": false_steps})
-
-
 class CountdownSearch(Countdown):
     """Countdown answered by a written search: keelrl's Countdown (problems, splits, checker, buckets, its
-    compact prompt for tiny models) inherited, and `behaviour` for eval statistics. Params are Countdown's and
-    `false_step_penalty`."""
+    compact prompt for tiny models) inherited, and `behaviour` for eval statistics. Params are Countdown's."""
 
     name = "countdown_search"
-
-    def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.seed = seed
-        self.params = SearchParams(**params)
-
-    def score(self, problem: dict[str, Any], completion: str) -> Score:
-        score = super().score(problem, completion)
-        if self.params.false_step_penalty == 0.0:
-            return score
-        seen = behaviour(problem, completion)
-        false_steps = int(seen["arith_errors"] + seen["false_marks"])
-        return penalise_false_steps(score, false_steps, self.params.false_step_penalty)
 
     def reference_answer(self, problem: dict[str, Any]) -> str | None:
         """A best-first search trace that ends in a correct answer (or Countdown's expression if the search
