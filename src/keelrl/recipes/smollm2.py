@@ -89,7 +89,7 @@ class Plan:
     rl_group: int = 8
     rl_lr: float = 2e-6  # 1e-5 made it worse (-0.134 on seed 0), 4e-6 too (docs/RESULTS.md)
     # the sampling temperature of RL's groups: at 0.7 the stage lifted the SFT model +0.092, -0.008 and +0.084 on
-    # seeds 0-2, at 1.0 +0.056 on seed 0 (docs/RESULTS.md)
+    # seeds 0-2, at 1.0 +0.056 on seed 0, at 0.5 +0.084, -0.042 and +0.056 (docs/RESULTS.md)
     rl_temperature: float = 0.7
     # optimizer steps per sampled batch (PPO mini-batches; the clip bounds the later ones)
     rl_minibatches: int = 4
