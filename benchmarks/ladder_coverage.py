@@ -14,8 +14,10 @@
 3. docs/ladder.json's recorded ladders recomputed under the current intervals.
 
     python benchmarks/ladder_coverage.py --simulate 30 --json docs/ladder_coverage.json     # ~15 CPU minutes
-    nice python benchmarks/ladder_coverage.py --make /tmp/ladder_pool                          # ~40 CPU minutes
+    nice python benchmarks/ladder_coverage.py --make /tmp/ladder_pool                          # ~20 CPU minutes
     python benchmarks/ladder_coverage.py --analyse /tmp/ladder_pool --no-recorded
+    # the pretraining intervals on `--residuals absolute` (the fit before; default relative), or a pool past the
+    # first steep stretch (`--pretrain-steps 100,200,400` for --make and --analyse, ~40 CPU minutes)
     python benchmarks/ladder_coverage.py --quick                                               # seconds
 """
 
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from demo_setup import emit, machine
 from keelrl.ladder import analysis
+from keelrl.ladder.chinchilla import Residuals
 from keelrl.ladder.kinds import KINDS
 from keelrl.ladder.plan import LadderRun
 from keelrl.ladder.runner import run_all
@@ -43,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PRE_CFG = str(ROOT / "configs/ladder_pretrain_tiny.toml")
 RL_CFG = str(ROOT / "configs/ladder_rl_tiny.toml")
 RL_WIDTHS, RL_TARGET, RL_SEEDS, LADDERS = (96, 128, 160, 192), 224, 6, 10
-PRE_WIDTHS, PRE_STEPS, PRE_TARGET, PRE_SEEDS = (32, 48, 64), (50, 100, 200), (96, 200), 3
+PRE_WIDTHS, PRE_STEPS, PRE_TARGET_WIDTH, PRE_SEEDS = (32, 48, 64), (50, 100, 200), 96, 3
 W, S = "model.tiny.hidden_size", "ladder.pretrain_steps"
 
 
@@ -62,7 +65,7 @@ def rl_run(pool: Path, width: int, seed: int) -> LadderRun:
     return LadderRun((("model.path", path),), seed, role, (f"w{width}",))  # type: ignore[arg-type]
 
 
-def make(pool: Path, jobs: int, rl: bool) -> None:
+def make(pool: Path, jobs: int, rl: bool, steps: tuple[int, ...] = PRE_STEPS) -> None:
     """The pretraining pool (most useful first: a stopped pool still validates); with `rl`, then the RL pool: the
     bases, three seeds of the three recorded sizes and of the target, the target's other seeds, a fourth grid
     seed, the width-192 size, then the other seeds."""
@@ -75,11 +78,13 @@ def make(pool: Path, jobs: int, rl: bool) -> None:
         return rlk.argv(RL_CFG, [], run, run_dir, 1)
 
     def grid(k: int) -> list[LadderRun]:
-        return [pretrain_run(w, st, k) for w in PRE_WIDTHS for st in PRE_STEPS]
+        return [pretrain_run(w, st, k) for w in PRE_WIDTHS for st in steps]
+
+    target = (PRE_TARGET_WIDTH, max(steps))
 
     # two whole ladders, every target, then a third grid seed (a pool stopped early still validates ten times)
-    runs = [*grid(0), pretrain_run(*PRE_TARGET, 0, "target"), *grid(1)]
-    runs += [pretrain_run(*PRE_TARGET, k, "target") for k in range(1, LADDERS)] + grid(2)
+    runs = [*grid(0), pretrain_run(*target, 0, "target"), *grid(1)]
+    runs += [pretrain_run(*target, k, "target") for k in range(1, LADDERS)] + grid(2)
     run_all(pre, runs, pool / "pretrain", pre_argv, jobs, print)
     if not rl:
         return
@@ -187,9 +192,9 @@ def sim_pretrain_points(rng: np.random.Generator, seeds: int, target_seeds: int)
     return grid, runs(224, 800, target_seeds, "target")
 
 
-def pretrain_ladder(grid: list, targets: list, resamples: int) -> dict[str, Any]:
+def pretrain_ladder(grid: list, targets: list, resamples: int, kind: Residuals) -> dict[str, Any]:
     at = (float(targets[0]["parameters"]), float(targets[0]["tokens"]))
-    p = analysis.pretrain_fits(grid, at, resamples, 0.95, len(targets))["prediction"]
+    p = analysis.pretrain_fits(grid, at, resamples, 0.95, len(targets), kind)["prediction"]
     v = analysis.pretrain_validation(p, targets)
     return {
         "predicted": p["loss"],
@@ -199,11 +204,11 @@ def pretrain_ladder(grid: list, targets: list, resamples: int) -> dict[str, Any]
     }
 
 
-def simulate_pretrain(ladders: int, seeds: int, resamples: int) -> dict[str, Any]:
-    rows = [pretrain_ladder(*sim_pretrain_points(np.random.default_rng(2000 + k), seeds, 1), resamples)
+def simulate_pretrain(ladders: int, seeds: int, resamples: int, kind: Residuals) -> dict[str, Any]:
+    rows = [pretrain_ladder(*sim_pretrain_points(np.random.default_rng(2000 + k), seeds, 1), resamples, kind)
             for k in range(ladders)]  # fmt: skip
     return {
-        "design": {"seeds": seeds, "target_seeds": 1, "resamples": resamples},
+        "design": {"seeds": seeds, "target_seeds": 1, "resamples": resamples, "residuals": kind},
         **coverage(rows),
         "ladders": rows,
     }
@@ -260,17 +265,21 @@ def real_rl(pool: Path, resamples: int) -> dict[str, Any]:
     }
 
 
-def real_pretrain(pool: Path, resamples: int) -> dict[str, Any]:
+def real_pretrain(
+    pool: Path, resamples: int, kind: Residuals, steps: tuple[int, ...] = PRE_STEPS
+) -> dict[str, Any]:
     """Ladder k validated on the target's seed-k run, from the grid's seed-k runs where the pool holds them all
     (ladders with seeds of their own), else from each grid point's run of a seed drawn at random among those
     it holds (a different draw for every k)."""
-    grid = [pretrain_run(w, st, s) for w in PRE_WIDTHS for st in PRE_STEPS for s in range(PRE_SEEDS)]
+    grid = [pretrain_run(w, st, s) for w in PRE_WIDTHS for st in steps for s in range(PRE_SEEDS)]
     recs = {(r["label"], r["seed"]): r for r in records("pretrain", pool / "pretrain", grid)}
     labels = sorted({run.label for run in grid})
     held = {label: [s for s in range(PRE_SEEDS) if (label, s) in recs] for label in labels}
     rows = []
     targets = records(
-        "pretrain", pool / "pretrain", [pretrain_run(*PRE_TARGET, k, "target") for k in range(LADDERS)]
+        "pretrain",
+        pool / "pretrain",
+        [pretrain_run(PRE_TARGET_WIDTH, max(steps), k, "target") for k in range(LADDERS)],
     )
     for t in targets:
         if not all(held.values()):
@@ -284,13 +293,13 @@ def real_pretrain(pool: Path, resamples: int) -> dict[str, Any]:
                 "seed": t["seed"],
                 "own_grid": own,
                 "grid_seeds": pick,
-                **pretrain_ladder(chosen, [t], resamples),
+                **pretrain_ladder(chosen, [t], resamples, kind),
             }
         )
-    return {"repeated": {**coverage(rows), "ladders": rows} if rows else None}
+    return {"residuals": kind, "repeated": {**coverage(rows), "ladders": rows} if rows else None}
 
 
-def recorded(resamples: int) -> dict[str, Any]:
+def recorded(resamples: int, kind: Residuals) -> dict[str, Any]:
     """docs/ladder.json's two ladders again under the new intervals (a recomputation after the fact: the
     predictions written before their targets ran used the old ones)."""
     doc = json.loads((ROOT / "docs/ladder.json").read_text())
@@ -305,7 +314,10 @@ def recorded(resamples: int) -> dict[str, Any]:
         "pretrain": {
             "old_interval": doc["pretrain"]["chinchilla"]["prediction"]["interval"],
             **pretrain_ladder(
-                [r for r in pre if r["role"] == "grid"], [r for r in pre if r["role"] == "target"], resamples
+                [r for r in pre if r["role"] == "grid"],
+                [r for r in pre if r["role"] == "target"],
+                resamples,
+                kind,
             ),
         },
     }
@@ -321,33 +333,38 @@ def main() -> None:
     ap.add_argument("--designs", default="", help="with --simulate: which (comma-separated; default all)")
     ap.add_argument("--no-recorded", action="store_true", help="skip docs/ladder.json's recomputation")
     ap.add_argument("--quick", action="store_true", help="a few small simulated ladders (the default suite)")
+    ap.add_argument("--residuals", choices=["relative", "absolute"], default="relative",
+                    help="the pretraining fit's residuals (ladder/chinchilla.py)")  # fmt: skip
+    ap.add_argument("--pretrain-steps", default=",".join(map(str, PRE_STEPS)),
+                    help="the real pretraining pool's steps per grid point (the target: the most)")  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    steps = tuple(int(x) for x in args.pretrain_steps.split(","))
     if args.make:
-        make(Path(args.make), args.jobs, args.rl)
+        make(Path(args.make), args.jobs, args.rl, steps)
         return
     t0 = time.time()
     if args.quick:
         result: dict[str, Any] = {
             "rl": simulate_rl(2, (96, 128, 160), 3, 3, 10),
-            "pretrain": simulate_pretrain(2, 1, 10),
+            "pretrain": simulate_pretrain(2, 1, 10, args.residuals),
         }
     else:
-        result = {} if args.no_recorded else {"recorded": recorded(args.resamples)}
+        result = {} if args.no_recorded else {"recorded": recorded(args.resamples, args.residuals)}
         if args.simulate:
             n, r = args.simulate, args.resamples
             designs = {
                 "rl_recorded_design": lambda: simulate_rl(n, (96, 128, 160), 3, 3, r),
                 "rl_one_target_seed": lambda: simulate_rl(n, (96, 128, 160), 3, 1, r),
                 "rl_widened": lambda: simulate_rl(n, RL_WIDTHS, 6, LADDERS, r),
-                "pretrain_recorded_design": lambda: simulate_pretrain(n, 1, 100),
+                "pretrain_recorded_design": lambda: simulate_pretrain(n, 1, 100, args.residuals),
             }
             names = args.designs.split(",") if args.designs else list(designs)
             result["simulated"] = {name: designs[name]() for name in names}
         if args.analyse:
             result["real"] = {"rl": real_rl(Path(args.analyse), args.resamples),
-                              "pretrain": real_pretrain(Path(args.analyse), 100)}  # fmt: skip
+                              "pretrain": real_pretrain(Path(args.analyse), 100, args.residuals, steps)}  # fmt: skip
     result["seconds"], result["machine"] = time.time() - t0, machine()
     emit(result, args.json)
 

@@ -21,12 +21,21 @@ from keelrl.ladder.analysis import (
     seed_noise,
     seed_var,
 )
-from keelrl.ladder.chinchilla import bootstrap_chinchilla, chinchilla_loss, fit_chinchilla
+from keelrl.ladder.chinchilla import (
+    Residuals,
+    bootstrap_chinchilla,
+    chinchilla_loss,
+    fit_chinchilla,
+    from_residuals,
+    residuals,
+)
 from keelrl.ladder.kinds import RLKind, rl_flops_per_token_param
 from keelrl.ladder.plan import parse_axis, plan_runs
 from keelrl.ladder.scaling import sigmoid_curve
 
 # ---- Chinchilla
+
+RESIDUALS: tuple[Residuals, ...] = ("absolute", "relative")
 
 
 def test_chinchilla_worked_numbers_and_recovery() -> None:
@@ -34,9 +43,45 @@ def test_chinchilla_worked_numbers_and_recovery() -> None:
     n = np.repeat([7e4, 2.5e5, 5.5e5, 9.8e5], 3)
     d = np.tile([2e5, 4e5, 8e5], 4)
     y = chinchilla_loss(n, d, 0.4, 30.0, 0.5, 400.0, 0.45)
-    f = fit_chinchilla(n, d, y)
-    assert (f.e, f.a, f.alpha, f.b, f.beta) == pytest.approx((0.4, 30.0, 0.5, 400.0, 0.45), rel=0.02)
-    assert f.params_exponent == pytest.approx(0.45 / 0.95, rel=0.02)
+    for kind in RESIDUALS:
+        f = fit_chinchilla(n, d, y, kind=kind)
+        assert (f.e, f.a, f.alpha, f.b, f.beta) == pytest.approx((0.4, 30.0, 0.5, 400.0, 0.45), rel=0.02)
+        assert f.params_exponent == pytest.approx(0.45 / 0.95, rel=0.02)
+
+
+def test_residuals_worked_numbers_and_their_inverse() -> None:
+    y, fitted = np.array([2.0, 0.5]), np.array([1.0, 0.5])
+    assert residuals(y, fitted, "absolute") == pytest.approx([1.0, 0.0])
+    assert residuals(y, fitted, "relative") == pytest.approx([np.log(2.0), 0.0])
+    for kind in RESIDUALS:
+        assert from_residuals(fitted, residuals(y, fitted, kind), kind) == pytest.approx(y)
+    with pytest.raises(ValueError, match="positive"):
+        fit_chinchilla(
+            np.repeat([1e4, 1e5, 1e6], 2), np.tile([1e4, 1e5], 3), [1, 1, 1, 1, 1, 0], kind="relative"
+        )
+
+
+def test_relative_intervals_are_in_the_targets_units() -> None:
+    """A ladder's first points have losses several times the target's; with errors a share of the loss (5%
+    here), absolute residuals hand the target those points' error bar, relative ones its own: both intervals
+    hold a fresh run at the target, the relative one at about half the width."""
+    n = np.repeat([2e4, 5e4, 1e5, 2e5], 3)
+    d = np.tile([2e4, 1e5, 5e5], 4)  # losses 2.8 down to 0.88; the target's is 0.71
+    truth = (0.3, 20.0, 0.4, 300.0, 0.5)
+    clean = chinchilla_loss(n, d, *truth)
+    at = (4e5, 1e6)
+    true = float(chinchilla_loss(np.array(at[0]), np.array(at[1]), *truth))
+    inside: dict[Residuals, int] = dict.fromkeys(RESIDUALS, 0)
+    widths: dict[Residuals, list[float]] = {kind: [] for kind in RESIDUALS}
+    for k in range(10):
+        rng = np.random.default_rng(200 + k)
+        y, measured = clean * np.exp(rng.normal(0, 0.05, 12)), true * np.exp(rng.normal(0, 0.05))
+        for kind in RESIDUALS:
+            _, _, (lo, hi), _ = bootstrap_chinchilla(n, d, y, at, resamples=20, kind=kind)
+            inside[kind] += lo <= measured <= hi
+            widths[kind].append(hi - lo)
+    assert inside["relative"] >= 9 and inside["absolute"] >= 9
+    assert np.median(widths["relative"]) < 0.7 * np.median(widths["absolute"])
 
 
 def test_chinchilla_coefficients_stay_non_negative() -> None:

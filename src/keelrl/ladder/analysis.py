@@ -17,7 +17,10 @@ few seeds measured that spread (docs/RESULTS.md, "Honest ladder intervals": cove
 and simulated ladders).
 
 Pretraining (`pretrain_fits`): mean held-out loss per grid point, Chinchilla's law (chinchilla.py) over
-(N, D), and its prediction at the target's (N, D) with a prediction interval for the target's measured loss.
+(N, D), and its prediction at the target's (N, D) with a prediction interval for the target's measured loss,
+on relative (log-loss) residuals by default: a ladder's first points lose several times the target's loss, and
+with absolute residuals their misfit set the target's error bar (on a real repeated ladder 1.60 wide, lower ends
+below 0; relative: 0.62, docs/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from keelrl.ladder.chinchilla import bootstrap_chinchilla
+from keelrl.ladder.chinchilla import Residuals, bootstrap_chinchilla
 from keelrl.ladder.scaling import (
     FitIntervals,
     SizeFit,
@@ -293,14 +296,17 @@ def pretrain_fits(
     resamples: int,
     level: float,
     target_seeds: int = 1,
+    kind: Residuals = "relative",
 ) -> dict[str, Any]:
     """Chinchilla's law over the grid's mean held-out losses, and its prediction at `at` = (N, D) (default:
     the grid's largest N and D) with a prediction interval for the mean loss of `target_seeds` runs
-    (`bootstrap_chinchilla`; replicate seeds, where a point has them, measure one run's noise)."""
+    (`bootstrap_chinchilla` on `kind` residuals; replicate seeds, where a point has them, measure one run's
+    noise, of log losses when relative)."""
     points, sq, dof = [], 0.0, 0
     for label, runs in by_label([r for r in records if r["role"] == "grid"]).items():
         losses = np.array([r["loss"] for r in runs])
-        sq, dof = sq + float(((losses - losses.mean()) ** 2).sum()), dof + len(runs) - 1
+        spread = np.log(losses) if kind == "relative" else losses
+        sq, dof = sq + float(((spread - spread.mean()) ** 2).sum()), dof + len(runs) - 1
         points.append({
             "label": label,
             "parameters": int(runs[0]["parameters"]),
@@ -315,7 +321,7 @@ def pretrain_fits(
     seeds = len(points) / sum(1 / p["seeds"] for p in points)
     seed_var = (sq / dof, dof, seeds) if dof else None
     fit, pred, interval, noise = bootstrap_chinchilla(
-        n, d, y, at, resamples, level, 0, seed_var, target_seeds
+        n, d, y, at, resamples, level, 0, seed_var, target_seeds, kind
     )
     return {
         "points": points,
@@ -329,6 +335,7 @@ def pretrain_fits(
             "interval": list(interval),
             "level": level,
             "target_seeds": target_seeds,
+            "residuals": kind,
             "noise": noise,
         },
     }
