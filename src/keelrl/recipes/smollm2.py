@@ -86,7 +86,7 @@ class Plan:
     sft_lr: float = 5e-5
     rl_steps: int = 16
     rl_problems: int = 8
-    rl_group: int = 8  # 16 samples of 4 problems: worse on all three seeds (docs/RESULTS.md)
+    rl_group: int = 8  # 16 of 4 problems: worse on three seeds; 4 of 16: worse on seed 1 (docs/RESULTS.md)
     rl_lr: float = 2e-6  # 1e-5 made it worse (-0.134 on seed 0), 4e-6 too (docs/RESULTS.md)
     # the sampling temperature of RL's groups: at 0.7 the stage lifted the SFT model +0.092, -0.008 and +0.084 on
     # seeds 0-2, at 1.0 +0.056 on seed 0, at 0.5 +0.084, -0.042 and +0.056 (docs/RESULTS.md)
