@@ -34,6 +34,7 @@ class Scripted:
         self.calls: list[tuple[str, int]] = []
         self.gate = threading.Event()
         self.gate.set()
+        self.generating = threading.Event()  # set once a `generate` call has started
         self.fail = False
 
     def update_weights(self, weights, version: int) -> None:  # type: ignore[no-untyped-def]
@@ -41,6 +42,7 @@ class Scripted:
         self.policy_version = version
 
     def generate(self, prompts, settings, seeds):  # type: ignore[no-untyped-def]
+        self.generating.set()
         self.gate.wait()
         if self.fail:
             raise RuntimeError("the engine broke")
@@ -193,6 +195,26 @@ def test_restored_empty_the_queue_starts_afresh_at_the_step(pipe, char_tokenizer
             other.restore(bad, 6)
     finally:
         other.shutdown()
+
+
+def test_a_restore_discards_the_running_job_and_its_error(pipe) -> None:
+    """A restore waits for the job the worker is running and discards its result: its error too (the sampler
+    broke on weights the restore leaves behind). Jobs queued before the restore never run: none may sample
+    without the push it was queued after (a CI run once sampled with no weights at all that way)."""
+    p, sampler, task = pipe
+    sampler.gate.clear()
+    p.push(weights(), 0)
+    p.submit(0, episodes(task, 0))  # the worker blocks in it
+    p.submit(1, episodes(task, 1))  # queued: never runs
+    assert sampler.generating.wait(30)
+    sampler.fail = True
+    threading.Timer(0.3, sampler.gate.set).start()
+    p.restore([], 5)  # the running job fails after the restore began
+    sampler.fail = False
+    p.push(weights(), 5)
+    p.submit(5, episodes(task, 5))
+    assert {r.policy_version for r in p.take(5)[0]} == {5}
+    assert sampler.calls == [("push", 0), ("push", 5), ("generate", 5)]
 
 
 def test_heartbeats_while_waiting_only_while_the_sampler_progresses(pipe) -> None:

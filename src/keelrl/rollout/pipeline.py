@@ -112,7 +112,10 @@ class Pipeline:
         self.next_step = 0  # the next step to submit
         self.pushed_version = -1
         self.floor = 0  # the oldest version any batch may be sampled by (scheduled_version)
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # jobs are tagged with the epoch they were queued in; `restore` starts a new epoch, and the worker skips
+        # the jobs of older ones (their results are discarded, so their errors are too)
+        self._jobs: queue.SimpleQueue[tuple[int, Callable[[], None]] | None] = queue.SimpleQueue()
+        self._epoch = 0
         self._done = threading.Condition()
         self._error: Exception | None = None
         self._busy = False
@@ -124,17 +127,24 @@ class Pipeline:
     def _work(self) -> None:
         while True:
             t0 = time.perf_counter()
-            job = self._jobs.get()
-            with self._done:
-                self._idle_s += time.perf_counter() - t0
-                self._busy = True
-            if job is None:
+            item = self._jobs.get()
+            if item is None:
                 return
+            epoch, job = item
+            with (
+                self._done
+            ):  # under the lock `restore` starts a new epoch in: a job either runs whole or not at all
+                self._idle_s += time.perf_counter() - t0
+                if epoch != self._epoch:
+                    continue
+                self._busy = True
             try:
                 if self._error is None:  # after a failure the queue is dropped: `take` raises it
                     job()
             except Exception as err:  # handed to the trainer thread: `take` and `drain` raise it
-                self._error = err
+                with self._done:
+                    if epoch == self._epoch:  # a job `restore` discarded while it ran fails to no one
+                        self._error = err
             self.progress()
             with self._done:
                 self._busy = False
@@ -154,7 +164,7 @@ class Pipeline:
     def push(self, weights: NamedTensors, version: int) -> None:
         """Sample every batch submitted from now on with `weights` (copied now: the policy keeps changing)."""
         snapshot = [(k, v.detach().to("cpu", copy=True)) for k, v in dict(weights).items()]
-        self._jobs.put(lambda: self.sampler.update_weights(snapshot, version))
+        self._jobs.put((self._epoch, lambda: self.sampler.update_weights(snapshot, version)))
         self.pushed_version = version
 
     def submit(self, step: int, episodes: list[Episode]) -> None:
@@ -168,7 +178,7 @@ class Pipeline:
         batch = Batch(step, version, episodes)
         self.batches[step] = batch
         self.next_step = step + 1
-        self._jobs.put(lambda: self._sample(batch))
+        self._jobs.put((self._epoch, lambda: self._sample(batch)))
 
     def _wait_for(self, ready: Callable[[], bool], on_wait: Callable[[], None] | None) -> float:
         """Block until `ready()` (checked under the lock) or the worker failed; returns the seconds waited."""
@@ -209,9 +219,9 @@ class Pipeline:
         """Replace what is queued by the sampled batches `saved` (from `drain`, at a checkpoint of `step`): they must
         be the batches of steps step, step + 1, ... with their scheduled versions. None (a start, or a rollback,
         which drops the stored ones): the queue starts afresh at `step` (floor = step). Jobs not started are
-        dropped; the worker's current one is waited for (its result is discarded)."""
-        while not self._jobs.empty():
-            self._jobs.get_nowait()
+        dropped; the worker's current one is waited for (its result, or its error, is discarded)."""
+        with self._done:
+            self._epoch += 1
         self._wait_for(lambda: not self._busy, None)
         batches = [Batch.from_dict(d) for d in saved]
         expected = list(range(step, step + len(batches)))
