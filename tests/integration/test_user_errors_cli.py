@@ -156,7 +156,7 @@ def test_cached_hub_id_loads_without_a_hub(tmp_path: Path, tiny_model_dir: Path)
     (repo / "refs" / "main").write_text(revision)
     args = ["eval", "keelrl-test/tiny", "--task", "countdown", "--problems", "1", "--max-new-tokens", "2"]
     code, err, seconds = cli(*args, env={"HF_HOME": str(tmp_path / "hf")})
-    assert code == 0 and seconds < 20, (seconds, err)
+    assert code == 0 and seconds < 60, (seconds, err)  # 8 s here; the hub retried would take minutes
 
 
 def _status_of_a_killed_supervisor(run: Path, silent_s: float) -> None:

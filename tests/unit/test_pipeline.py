@@ -208,7 +208,14 @@ def test_a_restore_discards_the_running_job_and_its_error(pipe) -> None:
     p.submit(1, episodes(task, 1))  # queued: never runs
     assert sampler.generating.wait(30)
     sampler.fail = True
-    threading.Timer(0.3, sampler.gate.set).start()
+    epoch = p._epoch
+
+    def fail_once_restoring() -> None:
+        while p._epoch == epoch:
+            time.sleep(0.01)
+        sampler.gate.set()
+
+    threading.Thread(target=fail_once_restoring, daemon=True).start()
     p.restore([], 5)  # the running job fails after the restore began
     sampler.fail = False
     p.push(weights(), 5)
@@ -224,7 +231,9 @@ def test_heartbeats_while_waiting_only_while_the_sampler_progresses(pipe) -> Non
     beats = []
     sampler.gate.clear()  # hung: no progress at all
     p.push(weights(), 0)
-    time.sleep(0.3)  # the push has finished (a finished job counts as progress)
+    deadline = time.monotonic() + 30
+    while (sampler.calls != [("push", 0)] or p._busy) and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the push has finished (a finished job counts as progress)
     p.submit(0, episodes(task, 0))
     threading.Timer(3.5, sampler.gate.set).start()
     p.take(0, on_wait=lambda: beats.append(1))

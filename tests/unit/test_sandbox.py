@@ -138,7 +138,9 @@ def test_busy_children_are_gone_after_the_call(box: Sandbox, then: str) -> None:
         f"        os.execv('/bin/sh', ['sh', '-c', 'while :; do :; done', {marker!r}])\n"
         "import time\ntime.sleep(0.3)\n" + ("while True:\n    pass\n" if then == "spin" else "")
     )
-    r = box.run(code, limits=SHORT)
+    r = box.run(
+        code, limits=SHORT if then == "spin" else LIMITS
+    )  # "return" shares the cores with two spinners
     assert r.status == ("ok" if then == "return" else "timeout"), r
     assert processes_matching(marker) == [], "busy children outlived the call"
     assert processes_matching(r.exec_id) == []
@@ -432,15 +434,25 @@ def test_pool_runs_in_parallel_and_keeps_order() -> None:
 
 def test_pool_queue_is_bounded() -> None:
     with SandboxPool(1, queue_size=1) as pool:
-        slow = Job("import time\ntime.sleep(0.6)\n")
+        started, release = threading.Event(), threading.Event()
+        run = pool._boxes[0].run
+
+        def held(*args, **kwargs):  # type: ignore[no-untyped-def]
+            started.set()
+            assert release.wait(30)
+            return run(*args, **kwargs)
+
+        pool._boxes[0].run = held  # type: ignore[method-assign]
+        slow = Job("pass\n")
         first = pool.submit(slow)
-        time.sleep(0.3)  # the worker has taken the first job
+        assert started.wait(30)  # the worker has taken the first job and holds it
         second = pool.submit(slow)  # fills the queue
         third: list = []
         t = threading.Thread(target=lambda: third.append(pool.submit(Job("pass"))))
         t.start()
         t.join(0.3)
         assert t.is_alive(), "submit did not block on a full queue"
+        release.set()
         t.join(10)
         assert [f.result().status for f in (first, second, third[0])] == ["ok", "ok", "ok"]
 

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -119,21 +120,50 @@ def _bwrap_supports_size() -> bool:
     return "--size" in out.stdout + out.stderr
 
 
-def sweep_uid(uid: int) -> None:
-    """rlimit level, root: SIGKILL every process of the slot's uid (`setsid` escapees) as that uid only."""
-    try:
-        subprocess.run(
-            ["/bin/sh", "-c", "i=0; while kill -9 -1 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); done"],
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            env={"PATH": SAFE_PATH},
-            cwd="/",
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        logger.warning("sandbox: sweeping uid %d failed: %s", uid, err)
+def sweep_uid(uid: int, wait_s: float = 10.0) -> None:
+    """rlimit level, root: SIGKILL every process of the slot's uid (`setsid` escapees) as that uid only, and wait
+    until they are gone: a killed process still waiting for a core lives on for a moment (so does a fork made
+    between two rounds), and the caller must not hand the slot on before."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            subprocess.run(
+                ["/bin/sh", "-c", "i=0; while kill -9 -1 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); done"],
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                env={"PATH": SAFE_PATH},
+                cwd="/",
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            logger.warning("sandbox: sweeping uid %d failed: %s", uid, err)
+            return
+        if not live_processes(uid):
+            return
+        if time.monotonic() > deadline:
+            logger.warning(
+                "sandbox: processes of uid %d outlived %.0f s of SIGKILL: %s",
+                uid,
+                wait_s,
+                live_processes(uid),
+            )
+            return
+        time.sleep(0.02)
+
+
+def live_processes(uid: int) -> list[int]:
+    """The pids of `uid`'s processes that have not exited (a zombie has: it only waits to be reaped)."""
+    pids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:  # exited while we read
+            continue
+        if str(uid) in fields.get("Uid", "").split() and fields.get("State", "Z")[0] not in "ZX":
+            pids.append(int(status.parent.name))
+    return pids
 
 
 def _inside(path: str, parent: str) -> bool:
