@@ -224,6 +224,26 @@ def test_a_restore_discards_the_running_job_and_its_error(pipe) -> None:
     assert sampler.calls == [("push", 0), ("push", 5), ("generate", 5)]
 
 
+def test_shutdown_waits_for_the_running_job_only(pipe) -> None:
+    """A run that ends on an error leaves k + 1 batches queued: shutting down must not sample them first."""
+    p, sampler, task = pipe
+    sampler.gate.clear()
+    p.push(weights(), 0)
+    for step in range(3):
+        p.submit(step, episodes(task, step))
+    assert sampler.generating.wait(30)
+    epoch = p._epoch
+
+    def release_once_stopping() -> None:
+        while p._epoch == epoch:
+            time.sleep(0.01)
+        sampler.gate.set()
+
+    threading.Thread(target=release_once_stopping, daemon=True).start()
+    p.shutdown()
+    assert sampler.calls == [("push", 0), ("generate", 0)]
+
+
 def test_heartbeats_while_waiting_only_while_the_sampler_progresses(pipe) -> None:
     """A hung sampler must stop the trainer's heartbeats (the supervisor then restarts the worker); one that
     decodes keeps them going."""

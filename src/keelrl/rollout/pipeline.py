@@ -241,6 +241,9 @@ class Pipeline:
         self.pushed_version = -1  # whatever the sampler holds, the next push is needed
 
     def shutdown(self) -> None:
+        """Stop the worker after its current job (the queued ones are dropped), then the sampler."""
+        with self._done:
+            self._epoch += 1
         self._jobs.put(None)
         self._thread.join(timeout=60)
         if hasattr(self.sampler, "shutdown"):

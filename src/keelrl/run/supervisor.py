@@ -226,7 +226,16 @@ class Supervisor:
                 f"{self.restarts} in {delay:g} s from {f'step {restored}' if restored else 'the start'} "
                 f"({lost} steps lost)"
             )
-            time.sleep(delay)
+            wake = time.monotonic() + delay
+            while not self.stop_signals and time.monotonic() < wake:
+                time.sleep(min(0.1, max(0.0, wake - time.monotonic())))
+            if self.stop_signals:  # a SIGTERM or Ctrl-C during the wait: no worker is there to pass it to
+                self.say(
+                    "keelrl supervisor: stopped before the restart; the same command resumes from the last checkpoint",
+                    err=True,
+                )
+                self._status(state="stopped")
+                return 130
 
     def _start(self, resume_auto: bool) -> Attempt:
         argv = list(self.worker_argv)
@@ -245,6 +254,8 @@ class Supervisor:
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
+        if self.stop_signals:  # one came while it started, after the loop's check: pass it on
+            self.proc.send_signal(signal.SIGTERM)
         self.last_error = ""
         self.pumps = [
             threading.Thread(target=self._pump, args=(pipe, err), daemon=True)
