@@ -197,6 +197,18 @@ def test_restored_empty_the_queue_starts_afresh_at_the_step(pipe, char_tokenizer
         other.shutdown()
 
 
+def open_the_gate_in_the_next_epoch(p: Pipeline, sampler: Scripted) -> None:
+    """Let the job the worker holds go on once `restore` or `shutdown` has begun (started a new epoch)."""
+    epoch = p._epoch
+
+    def release() -> None:
+        while p._epoch == epoch:
+            time.sleep(0.01)
+        sampler.gate.set()
+
+    threading.Thread(target=release, daemon=True).start()
+
+
 def test_a_restore_discards_the_running_job_and_its_error(pipe) -> None:
     """A restore waits for the job the worker is running and discards its result: its error too (the sampler
     broke on weights the restore leaves behind). Jobs queued before the restore never run: none may sample
@@ -208,14 +220,7 @@ def test_a_restore_discards_the_running_job_and_its_error(pipe) -> None:
     p.submit(1, episodes(task, 1))  # queued: never runs
     assert sampler.generating.wait(30)
     sampler.fail = True
-    epoch = p._epoch
-
-    def fail_once_restoring() -> None:
-        while p._epoch == epoch:
-            time.sleep(0.01)
-        sampler.gate.set()
-
-    threading.Thread(target=fail_once_restoring, daemon=True).start()
+    open_the_gate_in_the_next_epoch(p, sampler)
     p.restore([], 5)  # the running job fails after the restore began
     sampler.fail = False
     p.push(weights(), 5)
@@ -232,14 +237,7 @@ def test_shutdown_waits_for_the_running_job_only(pipe) -> None:
     for step in range(3):
         p.submit(step, episodes(task, step))
     assert sampler.generating.wait(30)
-    epoch = p._epoch
-
-    def release_once_stopping() -> None:
-        while p._epoch == epoch:
-            time.sleep(0.01)
-        sampler.gate.set()
-
-    threading.Thread(target=release_once_stopping, daemon=True).start()
+    open_the_gate_in_the_next_epoch(p, sampler)
     p.shutdown()
     assert sampler.calls == [("push", 0), ("generate", 0)]
 
