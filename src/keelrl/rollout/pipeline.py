@@ -131,9 +131,8 @@ class Pipeline:
             if item is None:
                 return
             epoch, job = item
-            with (
-                self._done
-            ):  # under the lock `restore` starts a new epoch in: a job either runs whole or not at all
+            # under the lock `restore` starts a new epoch in: a job either runs whole or not at all
+            with self._done:
                 self._idle_s += time.perf_counter() - t0
                 if epoch != self._epoch:
                     continue
