@@ -138,9 +138,8 @@ def test_busy_children_are_gone_after_the_call(box: Sandbox, then: str) -> None:
         f"        os.execv('/bin/sh', ['sh', '-c', 'while :; do :; done', {marker!r}])\n"
         "import time\ntime.sleep(0.3)\n" + ("while True:\n    pass\n" if then == "spin" else "")
     )
-    r = box.run(
-        code, limits=SHORT if then == "spin" else LIMITS
-    )  # "return" shares the cores with two spinners
+    # "return" shares the cores with two spinners: the longer limit
+    r = box.run(code, limits=SHORT if then == "spin" else LIMITS)
     assert r.status == ("ok" if then == "return" else "timeout"), r
     assert processes_matching(marker) == [], "busy children outlived the call"
     assert processes_matching(r.exec_id) == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 
 from keelrl.config import SupervisorConfig
+from keelrl.monitor.run_dir import read_json
 from keelrl.run.supervisor import Supervisor
 
 
@@ -24,10 +24,7 @@ def test_a_stop_signal_during_the_restart_wait_starts_no_new_worker(tmp_path: Pa
     supervisor = Supervisor([sys.executable, "-c", worker], run, SupervisorConfig(backoff_s=30.0))
 
     def state() -> str | None:
-        try:
-            return json.loads((run / "status.json").read_text()).get("state")
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return (read_json(run / "status.json") or {}).get("state")
 
     def stop_while_waiting() -> None:
         deadline = time.monotonic() + 60

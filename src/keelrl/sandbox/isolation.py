@@ -140,15 +140,11 @@ def sweep_uid(uid: int, wait_s: float = 10.0) -> None:
         except (OSError, subprocess.TimeoutExpired) as err:
             logger.warning("sandbox: sweeping uid %d failed: %s", uid, err)
             return
-        if not live_processes(uid):
+        left = live_processes(uid)
+        if not left:
             return
         if time.monotonic() > deadline:
-            logger.warning(
-                "sandbox: processes of uid %d outlived %.0f s of SIGKILL: %s",
-                uid,
-                wait_s,
-                live_processes(uid),
-            )
+            logger.warning("sandbox: processes of uid %d outlived %.0f s of SIGKILL: %s", uid, wait_s, left)
             return
         time.sleep(0.02)
 
