@@ -1,7 +1,15 @@
 """The judge page's local HTTP server: the page, and a small JSON API over a session's store.
 
 Endpoints (JSON in and out; a bad request gets 400 with `{"error": message}`):
-- `GET /`: the page (judge_page.py, self-contained).
+- `GET /`: the page, `page.html` beside this file: one self-contained document (inline CSS and JS, nothing
+  fetched but this JSON API). Model text is only ever put in it as text nodes (`textContent`), never as HTML,
+  so a completion that contains markup shows as markup; `<think>` and `<answer>` blocks are drawn as distinct
+  boxes, and role-tagged turns (`<|im_start|>role ... <|im_end|>`, as rollout/episodes.py writes a multi-turn
+  episode) as a transcript. Keyboard first: ArrowLeft / ArrowRight (that side is better), ArrowDown or t
+  (tie), s (skip), u or Backspace (undo), v (the verifier's verdict); keys pressed while a request is in
+  flight are ignored, so one press is at most one vote. The model names and results appear only once the
+  session is finished; until then the page says whom it waits for and asks again every few seconds.
+  `document.body.dataset` exposes its state (pair, done, busy, results: waiting or shown) for tests.
 - `GET /api/state?judge=NAME`: progress (done, total: the pairs with two different texts) and the judge's next
   pair: id, prompt, left and right texts. Never the model names, nor which side is A: the page cannot leak
   what it never receives. Pairs with identical texts are never served (each is a tie, `judge_store`).
@@ -123,9 +131,7 @@ class JudgeApp:
 
 
 def _handler(app: JudgeApp) -> type[BaseHTTPRequestHandler]:
-    from keelrl.judge.page import PAGE
-
-    page = PAGE.encode()
+    page = (Path(__file__).parent / "page.html").read_bytes()
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "keelrl-judge"
