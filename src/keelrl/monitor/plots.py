@@ -20,6 +20,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
@@ -38,53 +39,9 @@ EVENT_COLORS = {
 HIDDEN_EVENTS = ("guard",)  # every step a rule fires: listed in the legend, drawn when clicked
 MAX_POINTS = 1500  # per series; longer series keep each bucket's min and max (spikes stay visible)
 
-STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1600px}
-h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:22px 0 8px;border-bottom:1px solid #ddd}
-.meta{color:#666;font-size:13px} table{border-collapse:collapse;font-size:13px}
-td,th{border:1px solid #ddd;padding:3px 7px;vertical-align:top;text-align:left} th{background:#f4f4f4}
-.grid-plots{display:flex;flex-wrap:wrap;gap:10px} div.plot{border:1px solid #e3e3e3;background:#fff}
-.controls{position:sticky;top:0;z-index:5;background:#fff;padding:6px 0;font-size:13px;color:#444}
-details>summary{cursor:pointer}
-"""
-
-SCRIPT = """
-const BASE = {hovermode: "x unified", font: {size: 11},
-  updatemenus: [{type: "buttons", direction: "right", x: 1, y: 1.01, xanchor: "right", yanchor: "bottom",
-    font: {size: 10}, pad: {t: 0, r: 0, b: 0, l: 0},
-    buttons: [["linear", "linear"], ["log y", "log"]].map(([label, t]) => ({label, method: "relayout", args: [{"yaxis.type": t}]}))}]};
-const plots = () => [...document.querySelectorAll("div.plot")];
-function ema(ys, w) {  // TensorBoard's smoothing: an exponential moving average, debiased at the start
-  let s = 0, n = 0;
-  return ys.map((y) => { if (y === null) return null; s = s * w + (1 - w) * y; n = n * w + (1 - w); return s / n; });
-}
-function smooth(w) {
-  document.getElementById("smoothing-value").textContent = w.toFixed(2);
-  for (const div of plots()) {
-    const idx = div.data.flatMap((t, i) => (t.meta === "smooth" ? [i] : []));
-    if (!idx.length) continue;
-    Plotly.restyle(div, {y: idx.map((i) => ema(div.data[i].raw, w)),
-      hovertemplate: w > 0 ? "%{y:.5~g} (raw %{customdata:.5~g})" : "%{y:.5~g}"}, idx);
-  }
-}
-async function draw() {
-  const packed = Uint8Array.from(atob(document.getElementById("plotly-gz").textContent), (c) => c.charCodeAt(0));
-  const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream("gzip"));
-  const lib = document.createElement("script");
-  lib.textContent = await new Response(stream).text();
-  document.head.appendChild(lib);
-  for (const div of plots()) {
-    const fig = JSON.parse(div.querySelector("script").textContent);
-    div.textContent = "";
-    for (const t of fig.data) if (t.meta === "smooth") { t.raw = t.y; t.customdata = t.y; t.hovertemplate = "%{y:.5~g}"; }
-    await Plotly.newPlot(div, fig.data, Object.assign({}, BASE, fig.layout), {displaylogo: false});
-  }
-  const slider = document.getElementById("smoothing");
-  if (slider) slider.addEventListener("input", () => smooth(Number(slider.value)));
-  document.body.dataset.plots = "ready";
-}
-draw();
-"""
+# The page's CSS and the script that draws its plots: files beside this one.
+STYLE = (Path(__file__).parent / "plots.css").read_text(encoding="utf-8")
+SCRIPT = (Path(__file__).parent / "plots.js").read_text(encoding="utf-8")
 
 
 @dataclass

@@ -94,17 +94,7 @@ EXACT = {k for _, _, keys, _ in PLOTS for k in keys if "*" not in k}
 # schedules and counters: drawn as logged, never smoothed
 UNSMOOTHED = ("lr", "*/lr", "guard/*", "*/epoch", "selfplay/buffer_size")
 SEVERITY_COLORS = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
-STYLE = """
-.v-critical{color:#c62828;font-weight:bold}.v-warning{color:#ef6c00;font-weight:bold}.v-healthy{color:#2e7d32;font-weight:bold}
-.finding{border-left:4px solid #999;background:#fafafa;margin:8px 0;padding:6px 10px;font-size:13px}
-.finding.sev-critical{border-color:#c62828}.finding.sev-warning{border-color:#ef6c00}.finding.sev-info{border-color:#1565c0}
-.sev{color:#fff;border-radius:3px;padding:0 5px;font-size:11px;text-transform:uppercase}
-.span,.ev{color:#555}.sug{color:#1b5e20}.samples code{white-space:pre-wrap;word-break:break-all}.healthy{color:#2e7d32}
-h3{font-size:15px;margin:14px 0 6px}.rollout{border:1px solid #ddd;border-radius:6px;margin:8px 0;padding:6px 10px;max-width:1100px}
-.rhead{font-size:12px;color:#444;margin-bottom:4px}.rhead b{color:#222}.status-bad{color:#c62828;font-weight:bold}
-.turn{margin:3px 0;padding-left:8px}.turn.trained{border-left:3px solid #2e7d32}.turn.context{border-left:3px solid #bbb;color:#555}
-.turn .role{font-size:11px;color:#777}pre.text{margin:0;white-space:pre-wrap;word-break:break-word;font-size:12px}
-"""
+STYLE = (Path(__file__).parent / "report.css").read_text(encoding="utf-8")  # the report's own CSS, beside this file
 
 
 def _logged(runs: Sequence[tuple[str, RunData]]) -> set[str]:
