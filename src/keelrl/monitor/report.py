@@ -94,7 +94,8 @@ EXACT = {k for _, _, keys, _ in PLOTS for k in keys if "*" not in k}
 # schedules and counters: drawn as logged, never smoothed
 UNSMOOTHED = ("lr", "*/lr", "guard/*", "*/epoch", "selfplay/buffer_size")
 SEVERITY_COLORS = {"critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0"}
-STYLE = (Path(__file__).parent / "report.css").read_text(encoding="utf-8")  # the report's own CSS, beside this file
+# the report's own CSS, beside this file
+STYLE = (Path(__file__).parent / "report.css").read_text(encoding="utf-8")
 
 
 def _logged(runs: Sequence[tuple[str, RunData]]) -> set[str]:
