@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from keelrl.cli.main import main
@@ -45,7 +46,14 @@ METRIC_NAMES = [
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("smoke") / "run"
-    train(load_config("configs/smoke.toml"), run)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        train(load_config("configs/smoke.toml", ["train.threads=1"]), run)
+        # train.threads is the run's: the caller (a notebook, this suite) gets its own count back
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
     return run
 
 

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from keelrl.config import Config
 from keelrl.loop.recovery import (
     collect_saves,
@@ -50,6 +52,14 @@ __all__ = ["GuardStop", "ResumeError", "setup", "train"]
 def train(cfg: Config, run_path: str | Path, resume: ResumeMode = "auto") -> dict[str, Any]:
     """Run (or resume) training into `run_path` (RL, or SFT with train.stage = "sft": the same loop with
     another step, the stage's); returns summary.json's content ({"state": "preempted"} after a SIGTERM)."""
+    threads = torch.get_num_threads()
+    try:
+        return _train(cfg, run_path, resume)
+    finally:
+        torch.set_num_threads(threads)  # setup set train.threads for the run, not for the caller after it
+
+
+def _train(cfg: Config, run_path: str | Path, resume: ResumeMode) -> dict[str, Any]:
     run, state = setup(cfg, run_path, resume)
     world, stage = run.world, get_stage(cfg.train.stage)
     if run.console is not None:
