@@ -18,21 +18,24 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel
+
+
+def _log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits [N, V] -> log softmax(logits / T) [N, V] in float32 (T = 0 is read as 1, greedy)."""
+    t = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits.float() / t, dim=-1)
 
 
 def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits [N, V], targets [N] -> log softmax(logits / T)[targets] [N] (T = 0 is read as 1, greedy)."""
-    t = temperature if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / t, dim=-1)  # [N, V]
-    return logp.gather(-1, targets[:, None]).squeeze(-1)
+    return _log_softmax(logits, temperature).gather(-1, targets[:, None]).squeeze(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits [N, V] -> entropy of softmax(logits / T) in nats [N]."""
-    t = temperature if temperature > 0 else 1.0
-    z = logits.float() / t
-    logp = torch.log_softmax(z, dim=-1)
+    logp = _log_softmax(logits, temperature)
     return -(logp.exp() * logp).sum(dim=-1)
 
 
@@ -49,11 +52,8 @@ def autocast_context(device: torch.device, mode: Autocast) -> contextlib.Abstrac
 def _head_is_plain(model: PreTrainedModel) -> bool:
     """True when logits = lm_head(final hidden state), with no soft-capping or scaling after the head."""
     cfg = model.config
-    return not getattr(cfg, "final_logit_softcapping", None) and getattr(cfg, "logit_scale", None) in (
-        None,
-        1,
-        1.0,
-    )
+    scale = getattr(cfg, "logit_scale", None)
+    return not getattr(cfg, "final_logit_softcapping", None) and scale in (None, 1, 1.0)
 
 
 def padded_row_count(n: int) -> int:
@@ -141,12 +141,10 @@ def plan_prefix_sharing(
     if U == B:
         return None
     device = input_ids.device
-    K = max(len(p) for p in index)
-    prefix_ids = torch.zeros((U, K), dtype=input_ids.dtype)
-    prefix_mask = torch.zeros((U, K), dtype=attention_mask.dtype)
-    for u, p in enumerate(index):
-        prefix_ids[u, : len(p)] = torch.tensor(p, dtype=input_ids.dtype)
-        prefix_mask[u, : len(p)] = 1
+    prefix_ids = pad_sequence([torch.tensor(p, dtype=input_ids.dtype) for p in index], batch_first=True)
+    prefix_mask = pad_sequence(
+        [torch.ones(len(p), dtype=attention_mask.dtype) for p in index], batch_first=True
+    )
     S = int((lengths - first).max())
     offsets = torch.arange(S, device=device)  # [S]
     src = first[:, None] + offsets[None, :]  # [B, S] position in the full row

@@ -104,12 +104,13 @@ def ppo_clip(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
     x = inputs
     adv = token_advantages(x)  # [b, T]
     pg, pstats = ppo_clip_loss(x.logprobs, x.old_logprobs, adv, algo.clip_low, algo.clip_high, algo.dual_clip)
-    flags = {
-        "clipfrac/low": pstats["clipped_low"],
-        "clipfrac/high": pstats["clipped_high"],
-        "clipfrac/dual": pstats["dual_clipped"],
-    }
+    flags = {**_clip_flags(pstats), "clipfrac/dual": pstats["dual_clipped"]}
     return LossOutputs(pg, pstats["ratio"], flags)
+
+
+def _clip_flags(pstats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`clipfrac/low` and `clipfrac/high` from `ppo_clip_loss`'s stats."""
+    return {"clipfrac/low": pstats["clipped_low"], "clipfrac/high": pstats["clipped_high"]}
 
 
 def gspo(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:
@@ -131,9 +132,7 @@ def _clipped(log_ratio: torch.Tensor, x: LossInputs, algo: AlgoConfig) -> LossOu
     adv = token_advantages(x)  # [b, T]
     zero = torch.zeros_like(log_ratio)
     pg, pstats = ppo_clip_loss(log_ratio, zero, adv, algo.seq_clip_low, algo.seq_clip_high)
-    return LossOutputs(
-        pg, pstats["ratio"], {"clipfrac/low": pstats["clipped_low"], "clipfrac/high": pstats["clipped_high"]}
-    )
+    return LossOutputs(pg, pstats["ratio"], _clip_flags(pstats))
 
 
 def cispo(inputs: LossInputs, algo: AlgoConfig) -> LossOutputs:

@@ -287,9 +287,7 @@ class AdaptiveSource:
 
     def observe(self, outcomes: Sequence[GroupOutcome]) -> None:
         d = self.cfg.decay
-        for counts in self.stats.values():
-            counts[0] *= d
-            counts[1] *= d
+        self.stats = {b: [s * d, f * d] for b, (s, f) in self.stats.items()}
         seen: dict[str, list[int]] = {}
         for o in outcomes:
             bucket = self.arm_of(o.problem)

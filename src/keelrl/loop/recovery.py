@@ -56,14 +56,13 @@ def save_checkpoint(
         optimizer_state = {"format": "sharded", "with_state": with_state}
     if not run.world.is_writer:
         return
-    cfg = run.cfg
     on_file = run.faults.before_save(state.step)
     run.heartbeat.beat(force=True, phase="checkpoint")
     run.run_dir.sync_metrics()
     ckpt_metrics = {k: v for k, v in metrics.items() if k.startswith("eval/")}
     extra = {"metrics": ckpt_metrics, "reason": reason, "snapshot_time": time.time()}
     snap = ckpt.snapshot(
-        state, run.tokenizer, config_to_dict(cfg), extra, run.whole_policy(state), optimizer_state
+        state, run.tokenizer, config_to_dict(run.cfg), extra, run.whole_policy(state), optimizer_state
     )
     stall = time.perf_counter() - t0
     if run.saver is not None:
@@ -335,9 +334,8 @@ def finish(run: Run, state: TrainState) -> dict[str, Any]:
     if run.world.is_writer:
         policy = run.whole_policy(state)
         try:
-            if has_lora(
-                policy
-            ):  # final/: merged HF weights; final/adapter/: the peft adapter (models/lora.py)
+            # final/: merged HF weights; final/adapter/: the peft adapter (models/lora.py)
+            if has_lora(policy):
                 base = (state.lora_base or {}).get("path", cfg.model.path)
                 save_hf_dir(merged_model(policy), run.tokenizer, run.run_dir.final_dir)
                 save_adapter_dir(policy, run.run_dir.final_dir / "adapter", base)

@@ -143,9 +143,7 @@ def log_step(run: Run, state: TrainState, metrics: dict[str, float]) -> None:
 
 def eval_phase(run: Run, state: TrainState) -> dict[str, float]:
     """Held-out eval of the current policy, as `keelrl eval`; rank 0 evaluates, every rank gets the result."""
-    metrics: dict[str, float] = {}
-    if run.world.is_writer:
-        metrics = get_stage(run.cfg.train.stage).eval(run, state)
+    metrics = get_stage(run.cfg.train.stage).eval(run, state) if run.world.is_writer else {}
     metrics = broadcast_object(metrics, run.world)  # all ranks: best checkpoint and guards decide alike
     state.last_eval = {**metrics, "step": state.step}
     return metrics

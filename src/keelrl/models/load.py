@@ -107,14 +107,9 @@ def build_tiny_model(
         pad_token_id=eos_id,
         bos_token_id=None,
     )
-    if cfg.arch == "llama":
-        from transformers import LlamaConfig
+    from transformers import LlamaConfig, Qwen2Config
 
-        hf_config = LlamaConfig(**common)
-    else:
-        from transformers import Qwen2Config
-
-        hf_config = Qwen2Config(**common)
+    hf_config = (LlamaConfig if cfg.arch == "llama" else Qwen2Config)(**common)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.init_seed)
         for key, value in _head_kwargs(head).items():
@@ -170,6 +165,16 @@ def _dtype(name: str) -> torch.dtype:
 def _attn_kwargs(attn_implementation: str) -> dict[str, str]:
     """transformers' `attn_implementation` argument, left out for "auto" (transformers' own choice)."""
     return {} if attn_implementation == "auto" else {"attn_implementation": attn_implementation}
+
+
+def _from_pretrained(
+    source: Path | str, dtype: str, attn_implementation: str, head: Head, **kwargs: Any
+) -> PreTrainedModel:
+    """`head`'s Auto class `from_pretrained(source, **kwargs)` in `dtype`, with the head's and the attention's
+    arguments: the call every loader below makes."""
+    return HEADS[head].from_pretrained(
+        source, dtype=_dtype(dtype), **kwargs, **_head_kwargs(head), **_attn_kwargs(attn_implementation)
+    )
 
 
 def load_policy(cfg: ModelConfig, head: Head = "lm") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -241,13 +246,7 @@ def load_gguf(
     gguf_utils.tqdm = functools.partial(tqdm.auto.tqdm, disable=None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = HEADS[head].from_pretrained(
-            path.parent,
-            gguf_file=path.name,
-            dtype=_dtype(dtype),
-            **_head_kwargs(head),
-            **_attn_kwargs(attn_implementation),
-        )
+        model = _from_pretrained(path.parent, dtype, attn_implementation, head, gguf_file=path.name)
     except (*READ_ERRORS, RuntimeError) as err:
         raise ModelLoadError(
             f"could not read the GGUF file {path}: {err}. transformers dequantises GGUF files of the architectures "
@@ -285,12 +284,8 @@ def load_local_dir(
         raise ModelLoadError(f"{path} is not a model directory: it has no config.json.")
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved, trust_remote_code=trust_remote_code)
-        model = HEADS[head].from_pretrained(
-            resolved,
-            dtype=_dtype(dtype),
-            trust_remote_code=trust_remote_code,
-            **_head_kwargs(head),
-            **_attn_kwargs(attn_implementation),
+        model = _from_pretrained(
+            resolved, dtype, attn_implementation, head, trust_remote_code=trust_remote_code
         )
         model = _zero_new_head(model, head)
     except READ_ERRORS as err:
@@ -367,14 +362,7 @@ def load_hub(
     try:
         AutoConfig.from_pretrained(name, **common)
         tokenizer = AutoTokenizer.from_pretrained(name, **common)
-        model = HEADS[head].from_pretrained(
-            name,
-            dtype=_dtype(dtype),
-            **common,
-            **adapter,
-            **_head_kwargs(head),
-            **_attn_kwargs(attn_implementation),
-        )
+        model = _from_pretrained(name, dtype, attn_implementation, head, **common, **adapter)
         model = _zero_new_head(model, head)
     except READ_ERRORS as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from keelrl.config.lora import LoraConfig
-from keelrl.models.load import ModelLoadError
+from keelrl.models.load import ModelLoadError, count_parameters
 from keelrl.models.weights import tensors_sha256, untied_state_dict
 
 ADAPTER = "default"  # peft's adapter name; keelrl holds one adapter
@@ -187,11 +187,8 @@ def adapter_config(model: torch.nn.Module, base_path: str) -> dict[str, Any]:
     peft_cfg = copy.deepcopy(model.peft_config[ADAPTER])  # type: ignore[index]
     peft_cfg.base_model_name_or_path = base_path
     peft_cfg.inference_mode = True
-    out = peft_cfg.to_dict()
-    for key, value in out.items():  # sets (the resolved target modules) are not JSON
-        if isinstance(value, set):
-            out[key] = sorted(value)
-    return out
+    # sets (the resolved target modules) are not JSON
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in peft_cfg.to_dict().items()}
 
 
 def save_adapter_dir(model: torch.nn.Module, out: Path, base_path: str) -> None:
@@ -211,7 +208,7 @@ def read_adapter(directory: Path) -> dict[str, torch.Tensor]:
 def lora_summary(model: torch.nn.Module) -> dict[str, int]:
     """Parameter counts of a LoRA policy: the adapters' (trained) and the whole model's."""
     trained = sum(p.numel() for n, p in model.named_parameters() if _LORA_NAME.search(n))
-    return {"adapter_parameters": trained, "parameters": sum(p.numel() for p in model.parameters())}
+    return {"adapter_parameters": trained, "parameters": count_parameters(model)}
 
 
 def _base_name(name: str) -> str:

@@ -39,8 +39,7 @@ def _local(
 
     if cfg is None:
         return HFSampler(model, tokenizer, on_progress=on_progress)
-    t = cfg.train
-    r = cfg.rollout
+    t, r = cfg.train, cfg.rollout
     return HFSampler(model, tokenizer, r.chunk_size, t.share_prefix, t.autocast, on_progress, r.decode)
 
 

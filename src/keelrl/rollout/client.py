@@ -34,6 +34,7 @@ samples one completion (calls take turns on the sampler; call k of an episode sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import inspect
 import itertools
@@ -341,9 +342,8 @@ class Driven:
     def finish(self, state: EpisodeState) -> Score:
         session: Session = state.scratch
         if session.reply is not None and session.answered < state.turn:
-            session.answer(
-                state.messages[-1]["content"], "length"
-            )  # the turn a budget cut, as an API returns it
+            # the turn a budget cut, as an API returns it
+            session.answer(state.messages[-1]["content"], "length")
         try:
             out = session.end()
         except EpisodeOver:
@@ -352,10 +352,9 @@ class Driven:
 
     def close(self, state: EpisodeState) -> None:
         if isinstance(state.scratch, Session) and not state.scratch.done.done():
-            try:
+            # the episode is over and scored already: only its thread must end
+            with contextlib.suppress(Exception):
                 state.scratch.end()
-            except Exception:  # the episode is over and scored already: only its thread must end
-                return
 
 
 def as_environment(task: Any) -> Any:

@@ -14,6 +14,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -57,7 +58,6 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
 
     policy, tokenizer = load_policy(cfg.model)
     policy.eval()
-    t = cfg.train
     last = [0.0]
 
     def progress() -> None:  # at most one message a second: the parent's heartbeat follows decoding
@@ -65,7 +65,7 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
             last[0] = time.monotonic()
             conn.send(("progress",))
 
-    r = cfg.rollout
+    r, t = cfg.rollout, cfg.train
     sampler = HFSampler(policy, tokenizer, r.chunk_size, t.share_prefix, t.autocast, progress, r.decode)
     conn.send(("ready", os.getpid()))
     while True:
@@ -188,10 +188,8 @@ class ProcessSampler(ReplacementCount):
     def shutdown(self) -> None:
         if self._proc is None:
             return
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self._conn.send(("stop",))
-        except (BrokenPipeError, OSError):
-            pass
         self._proc.join(timeout=10)
         if self._proc.is_alive():
             self._proc.kill()

@@ -22,18 +22,15 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, template: 
             )
         messages = ([{"role": "system", "content": prompt.system}] if prompt.system else []) + turns
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        text += prompt.assistant_prefix
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    if template == "qwen_instruct":  # TinyZero's, whatever the tokenizer's own chat template says
+    elif template == "qwen_instruct":  # TinyZero's, whatever the tokenizer's own chat template says
         said = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in turns)
         text = f"<|im_start|>system\n{prompt.system}<|im_end|>\n{said}<|im_start|>assistant\n"
-        return tokenizer(text + prompt.assistant_prefix, add_special_tokens=False)["input_ids"]
-    if template == "base":
+    elif template == "base":
         said = "".join(f"\n{m['role'].capitalize()}: {m['content']}" for m in turns)
-        text = f"{prompt.system}{said}\nAssistant: {prompt.assistant_prefix}"
+        text = f"{prompt.system}{said}\nAssistant: "
     else:
-        text = "".join(f"{m['content']}\n" for m in turns) + prompt.assistant_prefix
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        text = "".join(f"{m['content']}\n" for m in turns)
+    ids = tokenizer(text + prompt.assistant_prefix, add_special_tokens=False)["input_ids"]
     if template == "base" and tokenizer.bos_token_id is not None:
         ids = [tokenizer.bos_token_id, *ids]
     return ids

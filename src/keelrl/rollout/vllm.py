@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -145,11 +146,9 @@ class VLLMSampler(ReplacementCount):
 
     def shutdown(self) -> None:
         if self.conn is not None and self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(OSError, EOFError, subprocess.TimeoutExpired):
                 self.conn.send(("close",))
                 self.proc.wait(timeout=10)
-            except (OSError, EOFError, subprocess.TimeoutExpired):
-                pass
         self._finalizer()  # kills what is left and removes the scratch folder
 
     def _start(self) -> None:

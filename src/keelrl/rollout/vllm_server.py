@@ -93,11 +93,8 @@ def _generate(
                 c = out.outputs[0]
                 ids = list(c.token_ids)
                 logps = [float(d[t].logprob) for d, t in zip(c.logprobs, ids)]
-                results[int(out.request_id)] = (
-                    ids,
-                    logps,
-                    "length" if c.finish_reason == "length" else "eos",
-                )
+                finish = "length" if c.finish_reason == "length" else "eos"
+                results[int(out.request_id)] = (ids, logps, finish)
         if time.monotonic() - last > PROGRESS_EVERY_S:
             conn.send(("progress",))
             last = time.monotonic()

@@ -107,9 +107,8 @@ def score_phase(run: Run, state: TrainState, rollouts: list[Rollout]) -> int:
     if errors:
         injected = any("injected fault" in e for e in errors)
         run.event("score_errors", state.step, count=len(errors), first=errors[0], injected=injected)
-    if (
-        run.reward_model is not None
-    ):  # reward.model: the learned score joins the verifier's (stages/rm/learned.py)
+    # reward.model: the learned score joins the verifier's (stages/rm/learned.py)
+    if run.reward_model is not None:
         run.reward_model.apply(run.prompter, rollouts)
     return len(errors)
 
@@ -293,9 +292,8 @@ def episode_metrics(run: Run, rollouts: list[Rollout]) -> dict[str, float]:
         "episode/tool_calls": float(calls.mean()),
         "episode/tool_errors": float(errors.sum()),
         "episode/tool_error_rate": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
-        "episode/action_errors": float(
-            action_errors.mean()
-        ),  # turns a typed action could not parse, per episode
+        # turns a typed action could not parse, per episode
+        "episode/action_errors": float(action_errors.mean()),
         "episode/length": float(length.mean()),
         **{f"episode/end/{name}": float((end == i).double().mean()) for i, name in enumerate(EPISODE_ENDS)},
     }

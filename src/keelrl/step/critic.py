@@ -70,13 +70,12 @@ def build_critic(
 
     backbone = policy if algo.critic == "shared" else load_policy(model)[0]
     critic = ValueModel(backbone, shared=algo.critic == "shared").to(device).eval()  # eval: deterministic
-    optimizer = torch.optim.AdamW(
+    return critic, torch.optim.AdamW(
         critic.parameters(),
         lr=algo.critic_lr,
         betas=(algo.adam_beta1, algo.adam_beta2),
         weight_decay=algo.weight_decay,
     )
-    return critic, optimizer
 
 
 def critic_advantages(
@@ -103,10 +102,8 @@ def critic_advantages(
         token_rewards = token_rewards - kl_penalty
     adv, returns = gae(token_rewards, values, mask, algo.gamma, algo.lam)
     count = all_reduce_sum(float(mask.sum()), world)
-    total, total_sq = (
-        all_reduce_sum(float(adv.sum()), world),
-        all_reduce_sum(float(adv.square().sum()), world),
-    )
+    total = all_reduce_sum(float(adv.sum()), world)
+    total_sq = all_reduce_sum(float(adv.square().sum()), world)
     white = whiten(adv, mask, total, total_sq, count)
     batch.advantages, batch.returns, batch.old_values = white, returns, values
     per_row = (white.sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)).tolist()

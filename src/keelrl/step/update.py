@@ -146,7 +146,6 @@ def update_phase(
     """`ppo_epochs` passes, each split into `minibatches` optimizer steps (see `minibatch_backward`); each
     step is first judged by the per-step guards and skipped (gradient dropped) when one fires."""
     cfg, a, world = run.cfg, run.cfg.algo, run.world
-    policy = state.policy
     assert run.train_module is not None  # set by setup for every world size
     B = batch.input_ids.shape[0]
     sums: Counter[str] = Counter()  # per-pass metrics, averaged over the passes at the end
@@ -186,8 +185,8 @@ def update_phase(
             )
             ratio_max = max(ratio_max, stats.pop("ratio/max"))
             sums.update(stats)
-            run.faults.corrupt_gradients(state.step + 1, policy)
-            grad_norm = agree_on_norm(grad_norm_and_clip(policy, a.grad_clip), world)
+            run.faults.corrupt_gradients(state.step + 1, state.policy)
+            grad_norm = agree_on_norm(grad_norm_and_clip(state.policy, a.grad_clip), world)
             sums["grad_norm"] += grad_norm
             grad_max = max(grad_max, grad_norm)
             finding = check_update(
@@ -307,9 +306,8 @@ def minibatch_backward(
     module = as_logprob_module(policy)
     scale = loss_scale(world)
     g_tokens = all_reduce_sum(float(batch.target_mask[idx].sum()), world)
-    g_seqs = all_reduce_sum(
-        float((batch.target_mask[idx].sum(dim=1) > 0).sum()), world
-    )  # sequences trained on
+    # sequences trained on
+    g_seqs = all_reduce_sum(float((batch.target_mask[idx].sum(dim=1) > 0).sum()), world)
     sums: dict[str, float] = {"ratio/max": 0.0}
     offpolicy: dict[str, float] = {}  # behaviour_sums when pi_prox comes from this forward
     mbs = list(micro_batches(batch, idx, micro_batch_size, group_prompts=share_prefix))
@@ -339,14 +337,10 @@ def minibatch_backward(
                 log_rho = behaviour_log_ratio(lp_old, mb.sampler_logprobs, mb.target_mask, a.correction_level)
                 trust = behaviour_trust_region(log_rho, mb.advantages, a.clip_low, a.clip_high)
                 is_w = is_w * trust
-            w = token_weights(
-                mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens
-            )  # [b, T] the loss's
-            mw = token_weights(
-                mb.target_mask, "token_mean", g_tokens, g_seqs, max_new_tokens
-            )  # [b, T] metrics'
-            adv, mask = mb.advantages, mb.target_mask
-            inputs = LossInputs(lp, ent, lp_old, adv, mask, w, mw, mb.ref_logprobs, is_w)
+            # token weights [b, T]: the loss's (loss_agg), then the metrics' (token mean)
+            w = token_weights(mb.target_mask, a.loss_agg, g_tokens, g_seqs, max_new_tokens)
+            mw = token_weights(mb.target_mask, "token_mean", g_tokens, g_seqs, max_new_tokens)
+            inputs = LossInputs(lp, ent, lp_old, mb.advantages, mb.target_mask, w, mw, mb.ref_logprobs, is_w)
             loss, stats = compute_loss(inputs, a)
             if trust is not None:
                 stats["clipfrac/behaviour"] = float(((1.0 - trust) * mw).sum())
@@ -354,10 +348,7 @@ def minibatch_backward(
         if critic is not None:  # its value loss, token-mean weighted like the metrics (step/critic.py)
             stats.update(critic_backward(critic, mb, mw, a, scale, autocast))
         for key, value in stats.items():
-            if key == "ratio/max":
-                sums[key] = max(sums[key], value)
-            else:
-                sums[key] = sums.get(key, 0.0) + value
+            sums[key] = max(sums[key], value) if key == "ratio/max" else sums.get(key, 0.0) + value
     sums.update({f"offpolicy:{k}": v for k, v in offpolicy.items()})
     out = all_reduce_stats(sums, world)  # one collective for both
     reduced = {k.removeprefix("offpolicy:"): out.pop(k) for k in list(out) if k.startswith("offpolicy:")}
