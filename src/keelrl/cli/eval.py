@@ -153,16 +153,14 @@ def _perplexity_eval(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(
                 f"--perplexity {source}: no such file (give a text file, a .jsonl file, or 'reference')"
             )
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        texts = [ln for ln in path.read_text().splitlines() if ln.strip()]
         if path.suffix == ".jsonl":
             try:
-                texts = [str(json.loads(ln)["text"]) for ln in lines]
+                texts = [str(json.loads(ln)["text"]) for ln in texts]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
                 raise ConfigError(
                     f'--perplexity {source}: each line must be a JSON object with a "text" field ({err})'
                 ) from None
-        else:
-            texts = lines
         model, tokenizer = load_for_eval(args.model, args.device)
         result = perplexity(model, tokenizer, texts, source=str(path))
     return {"model": args.model, **result.to_json(seed=args.seed)}
@@ -247,9 +245,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = compare_results(reports[0], reports[1], level=args.level, seed=eval_args.seed)
     comparison = {"a": args.a, "b": args.b, **comparison}
     _show(args, comparison, comparison, lambda: render_comparison(comparison, args.a, args.b))
-    if not gates:
-        return 0
-    return _report_gates(gates, reports[1].summary(), reports[0].summary())
+    return _report_gates(gates, reports[1].summary(), reports[0].summary()) if gates else 0
 
 
 def add_eval_options(p: argparse.ArgumentParser) -> None:

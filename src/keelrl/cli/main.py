@@ -156,21 +156,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
             numbers=args.numbers,
             threads=args.threads,
         )
-        return 0
-    if args.recipe == "smollm2":  # a real pretrained model: SFT on search traces, then GRPO
+    elif args.recipe == "smollm2":  # a real pretrained model: SFT on search traces, then GRPO
         from keelrl.recipes.smollm2 import run_smollm2
 
         run_smollm2(seed=args.seed, out=args.out, threads=args.threads, quick=args.quick, task=args.task)
-        return 0
-    from keelrl.recipes.demo import run_demo
+    else:
+        from keelrl.recipes.demo import run_demo
 
-    run_demo(
-        seed=args.seed,
-        minutes=args.minutes or 12.0,
-        out=Path(args.out or "runs/demo"),
-        threads=args.threads,
-        engine=args.engine,
-    )
+        run_demo(
+            seed=args.seed,
+            minutes=args.minutes or 12.0,
+            out=Path(args.out or "runs/demo"),
+            threads=args.threads,
+            engine=args.engine,
+        )
     return 0
 
 

@@ -61,6 +61,7 @@ def sequence_nll(
     """For (context ids, target ids) pairs: the summed -log p(target | context) in nats and the number of
     target tokens. Context must be non-empty (the first token has nothing to be predicted from)."""
     import torch
+    from torch.nn.utils.rnn import pad_sequence
 
     device = next(model.parameters()).device
     nll = np.zeros(len(items))
@@ -68,15 +69,11 @@ def sequence_nll(
     order = sorted(range(len(items)), key=lambda i: len(items[i][0]) + len(items[i][1]))
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        seqs = [list(items[i][0]) + list(items[i][1]) for i in idx]
+        seqs = [torch.tensor([*items[i][0], *items[i][1]], dtype=torch.long) for i in idx]
         if any(not items[i][0] for i in idx):
             raise ValueError("sequence_nll needs a non-empty context for every item")
-        T = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(seqs), T), dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
-            attn[r, : len(s)] = 1
+        ids = pad_sequence(seqs, batch_first=True, padding_value=pad_id)  # [B, T]
+        attn = pad_sequence([torch.ones(len(s), dtype=torch.long) for s in seqs], batch_first=True)  # [B, T]
         with torch.no_grad():  # logits [B, T, V]
             logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float()
         for r, i in enumerate(idx):

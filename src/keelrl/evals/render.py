@@ -91,12 +91,10 @@ def render_comparison(comparison: Mapping[str, Any], name_a: str = "A", name_b: 
             f"[{colours[word]}]{word}[/]" if word in colours else word,
         )  # fmt: skip
     out: list[Any] = [table]
-    notes = []
     if comparison.get("only_in_a") or comparison.get("only_in_b"):
-        notes.append(
+        out.append(
             f"not compared (only in one result): {', '.join(comparison.get('only_in_a', []) + comparison.get('only_in_b', []))}"
         )
     for key, (va, vb) in comparison.get("setting_differences", {}).items():
-        notes.append(f"settings differ: {key} = {va!r} (A) vs {vb!r} (B)")
-    out += notes
+        out.append(f"settings differ: {key} = {va!r} (A) vs {vb!r} (B)")
     return out

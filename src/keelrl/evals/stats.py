@@ -22,6 +22,7 @@ import functools
 import itertools
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -68,19 +69,12 @@ def normalize_answer(answer: str | None) -> str | None:
 def majority_vote(answers: Sequence[str | None], correct: Sequence[bool]) -> bool:
     """Is the majority answer among `answers` (after `normalize_answer`; None abstains) correct? A tie goes
     to the answer voted first; no votes is wrong. The winner is correct when its first vote was."""
-    counts: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for i, a in enumerate(answers):
-        key = normalize_answer(a)
-        if key is None:
-            continue
-        counts[key] = counts.get(key, 0) + 1
-        first.setdefault(key, i)
+    keys = [normalize_answer(a) for a in answers]
+    counts = Counter(key for key in keys if key is not None)
     if not counts:
         return False
-    best = max(counts.values())
-    winner = min((first[key] for key, c in counts.items() if c == best))
-    return bool(correct[winner])
+    # most_common orders equal counts by first occurrence: the winner is the tied answer voted first
+    return bool(correct[keys.index(counts.most_common(1)[0][0])])
 
 
 @functools.lru_cache(maxsize=64)

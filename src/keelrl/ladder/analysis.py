@@ -37,6 +37,7 @@ from keelrl.ladder.scaling import (
     SizeFit,
     bootstrap_fit,
     bootstrap_size_fit,
+    central_interval,
     fit_sigmoid,
     sigmoid_curve,
 )
@@ -144,10 +145,9 @@ def size_law(
     """The joint fit over model sizes (scaling.fit_size_sigmoid: A and ln C_mid linear in ln N, B shared),
     R0's line in ln N, and the bootstrap draws behind every interval."""
     full, draws = bootstrap_size_fit(*_size_inputs(sizes), eval_problems=eval_problems, resamples=resamples)
-    q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
 
     def band(values: list[float]) -> list[float]:
-        return [float(v) for v in np.percentile(values, q)]
+        return list(central_interval(values, level))
 
     x = np.log([f["parameters"] for f in sizes])
     out = {
@@ -212,16 +212,13 @@ def rl_prediction(
         for f in fits
         if all(f["point"].get(k) == target_point.get(k) for k in f["point"] if k not in target_keys)
     ]
-    fits = peers
-    same = [f for f in fits if f["parameters"] == target_params]
     grid = np.geomspace(target_compute / 50, target_compute, 40)
-    if same:  # a longer run of a grid point
+    if same := [f for f in peers if f["parameters"] == target_params]:  # a longer run of a grid point
         f = same[0]
-        p = draws[f["label"]].draws
-        curves = np.stack([sigmoid_curve(grid, f["r0"], a, b, c) for a, b, c in p])
+        curves = np.stack([sigmoid_curve(grid, f["r0"], a, b, c) for a, b, c in draws[f["label"]].draws])
         method, law, r0 = f"extrapolation of {f['label']}'s own fit", None, f["r0"]
     else:
-        sizes = sorted({f["parameters"]: f for f in fits}.values(), key=lambda f: f["parameters"])
+        sizes = sorted({f["parameters"]: f for f in peers}.values(), key=lambda f: f["parameters"])
         if len(sizes) < 2:
             raise AnalysisError("predicting another model size needs grid points of at least two sizes")
         law, size_draws = size_law(
@@ -233,7 +230,7 @@ def rl_prediction(
 
     q = [(1 - level) / 2 * 100, 50, (1 + level) / 2 * 100]
     lo, mid, hi = np.percentile(curves, q, axis=0)
-    noise = seed_noise(fits)
+    noise = seed_noise(peers)
     # how far the mean of the target's seeds lands from each fit draw's (20 draws each): the seeds' variance
     # over their count, times sqrt(dof / chi2_dof) for how well the grid measured it (a t draw); no two seeds
     # anywhere: one eval's binomial noise

@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from keelrl.ladder.scaling import zoom_grid_search
+from keelrl.ladder.scaling import central_interval, zoom_grid_search
 
 
 def chinchilla_loss(
@@ -170,6 +170,5 @@ def bootstrap_chinchilla(
     ])  # fmt: skip
     departure = rng.standard_normal(20 * resamples) * np.sqrt(var * dof / rng.chisquare(dof, 20 * resamples))
     draws = from_residuals(np.repeat(preds, 20), departure, kind)
-    q = np.percentile(draws, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
     pred = float(full.predict(np.array(at[0]), np.array(at[1])))
-    return full, pred, (float(q[0]), float(q[1])), {"residual_var": s2, "target_var": var, "dof": dof}
+    return full, pred, central_interval(draws, level), {"residual_var": s2, "target_var": var, "dof": dof}

@@ -88,8 +88,7 @@ class RLKind:
         for row in read_jsonl(run_dir / "metrics.jsonl"):
             by_step.setdefault(int(row["step"]), {}).update(row)  # a step's train and eval lines
         compute, tokens, points = 0.0, 0.0, []
-        for step in sorted(by_step):
-            row = by_step[step]
+        for step, row in sorted(by_step.items()):
             tokens += float(row.get("tokens/trained", 0.0))
             compute = per_token * tokens
             if "eval/accuracy" in row:

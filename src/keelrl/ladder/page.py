@@ -32,15 +32,13 @@ def _rl_plots(result: dict[str, Any]) -> list[str]:
             ),
             Series(f"fit: A {f['a']:.2f}, B {f['b']:.2f}", list(zip(grid, fitted)), color, "dash"),
         ]
-    p = result.get("prediction")
-    if p:
+    if p := result.get("prediction"):
         c = p["curve"]
         series.append(Series(
             f"predicted target ({p['level']:.0%} band)", list(zip(c["compute"], c["mid"], strict=True)), "#444", "dot",
             band=list(zip(c["compute"], c["lo"], c["hi"], strict=True)),
         ))  # fmt: skip
-    v = result.get("validation")
-    if v and "compute" in v:
+    if (v := result.get("validation")) and "compute" in v:
         mean = np.array(v["accuracy"]).mean(0)
         label = f"target measured (mean of {len(v['accuracy'])})"
         series.append(Series(label, list(zip(v["compute"][1:], mean[1:])), "#000", dots=True))
@@ -72,8 +70,7 @@ def _rl_tables(result: dict[str, Any]) -> str:
         "<th>A (ceiling)</th><th>B (efficiency)</th><th>C_mid (FLOPs)</th><th>final pass rate, mean ± sd over seeds</th>"
         f"<th>points fitted</th></tr>{rows}</table>"
     )
-    law = result.get("size_law")
-    if law:
+    if law := result.get("size_law"):
         out += (
             f"<h2>Size law (one fit over every size)</h2><p>{_e(law['form'])}, x_ref = {law['x_ref']:.2f}: "
             f"a0 {law['a0']:.3f}, a1 {law['a1']:.3f} {_ci(law['a1_ci'])}; c0 {law['c0']:.2f}, c1 {law['c1']:.3f} "
@@ -125,8 +122,7 @@ def _pretrain_html(result: dict[str, Any]) -> tuple[list[str], str]:
         grid = np.geomspace(pts[0][0] / 2, pts[-1][0] * 4, 30)
         loss = f["e"] + f["a"] * float(n) ** -f["alpha"] + f["b"] * grid ** -f["beta"]
         series.append(Series(f"fit N = {n:,}", list(zip(grid, loss, strict=True)), color, "dash"))
-    v = result.get("validation")
-    if v:
+    if v := result.get("validation"):
         p = ch["prediction"]
         band = [(p["tokens"] * 0.97, *p["interval"]), (p["tokens"] * 1.03, *p["interval"])]
         series += [

@@ -98,9 +98,7 @@ def plan_runs(ladder: LadderConfig) -> tuple[list[LadderRun], list[LadderRun]]:
     grid = [LadderRun(point, seed, "grid", shown(point)) for point in points for seed in range(ladder.seeds)]
     if not ladder.target:
         return grid, []
-    point = dict(points[0])
-    point.update(ladder.target)
-    target_point = tuple(point.items())
+    target_point = tuple({**dict(points[0]), **ladder.target}.items())
     if target_point in points:
         raise ConfigError(
             f"ladder.target {ladder.target} is a point of the grid itself; name a point outside it"

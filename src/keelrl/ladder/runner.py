@@ -104,13 +104,11 @@ def run_all(
 
 def _check_plan(out: Path, plan: dict[str, Any]) -> None:
     path = out / "plan.json"
-    if path.is_file():
-        old = json.loads(path.read_text())
-        if old != plan:
-            raise ConfigError(
-                f"{out} holds a ladder of another plan (plan.json differs: config, overrides or [ladder]); "
-                "give another --out, or delete it to start over"
-            )
+    if path.is_file() and json.loads(path.read_text()) != plan:
+        raise ConfigError(
+            f"{out} holds a ladder of another plan (plan.json differs: config, overrides or [ladder]); "
+            "give another --out, or delete it to start over"
+        )
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(plan, indent=2) + "\n")
 
@@ -246,7 +244,6 @@ def _rl_predict(
 ) -> dict[str, Any]:
     """The target's prediction from the grid alone: its planned parameters and compute (the grid's mean
     tokens per step times its steps), never its data."""
-    target = targets[0]
     params = kind.parameters(target_cfg)
     tokens_per_step = float(np.mean([r["tokens_trained"] / r["train_steps"] for r in records]))
     compute = (
@@ -256,7 +253,7 @@ def _rl_predict(
         * target_cfg.train.steps
     )
     problems = target_cfg.eval.problems * target_cfg.eval.samples
-    point = dict(target.point)
+    point = dict(targets[0].point)
     return analysis.rl_prediction(
         fits, draws, point, set(lad.target), params, compute, len(targets), problems, lad.level
     )
@@ -298,11 +295,10 @@ def cmd_ladder(args: Any) -> int:
 
 
 def _headline(result: dict[str, Any]) -> str:
-    lines = []
-    for f in result.get("fits", []):
-        lines.append(
-            f"{f['rank_by_a']}. {f['label']}: A {f['a']:.3f} [{f['a_ci'][0]:.3f}, {f['a_ci'][1]:.3f}], B {f['b']:.2f}, C_mid {f['c_mid']:.3g}"
-        )
+    lines = [
+        f"{f['rank_by_a']}. {f['label']}: A {f['a']:.3f} [{f['a_ci'][0]:.3f}, {f['a_ci'][1]:.3f}], B {f['b']:.2f}, C_mid {f['c_mid']:.3g}"
+        for f in result.get("fits", [])
+    ]
     p, v = result.get("prediction"), result.get("validation")
     if p and v and result["kind"] == "rl":
         lines.append(

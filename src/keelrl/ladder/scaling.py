@@ -132,6 +132,12 @@ def resampled_mean(
     return mean + rng.standard_normal(s) @ (scores - mean) / s * np.sqrt(s / (s - 1)) * scale
 
 
+def central_interval(values: np.ndarray | Sequence[float], level: float) -> tuple[float, float]:
+    """The percentile interval holding the central `level` share of `values`."""
+    lo, hi = np.percentile(values, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(lo), float(hi)
+
+
 @dataclass(frozen=True)
 class FitIntervals:
     fit: SigmoidFit  # the fit of the mean curve over all seeds
@@ -168,13 +174,8 @@ def bootstrap_fit(
         f = fit_sigmoid(compute, resampled_mean(scores, rng, eval_problems, scale), r0, warmup, ceiling)
         params.append((f.a, f.b, f.c_mid))
     p = np.array(params)
-    q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
-
-    def band(k: int) -> tuple[float, float]:
-        lo, hi = np.percentile(p[:, k], q)
-        return float(lo), float(hi)
-
-    return FitIntervals(full, band(0), band(1), band(2), resamples, p)
+    a, b, c_mid = (central_interval(p[:, k], level) for k in range(3))
+    return FitIntervals(full, a, b, c_mid, resamples, p)
 
 
 @dataclass(frozen=True)

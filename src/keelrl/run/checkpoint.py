@@ -438,11 +438,9 @@ def prune(
             if isinstance(value, (int, float)):
                 scored.append((value, p.name))
         keep.update(name for _, name in sorted(scored, key=lambda x: (-x[0], x[1]))[:keep_best])
-    deleted = []
-    for p in ckpts:
-        if p.name not in keep:
-            shutil.rmtree(p, ignore_errors=True)
-            deleted.append(p)
+    deleted = [p for p in ckpts if p.name not in keep]
+    for p in deleted:
+        shutil.rmtree(p, ignore_errors=True)
     mine = f"-{os.getpid()}-"
     for p in checkpoints_dir.glob(".tmp-step_*"):
         if mine not in p.name:  # leftovers of a crashed process, never our own in-flight save

@@ -167,19 +167,17 @@ def grad_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
     """Inside, backward syncs gradients across ranks only when `enabled` (a step's last micro-batch)."""
     if enabled:
         yield
-        return
-    if hasattr(module, "no_sync"):  # DistributedDataParallel
+    elif hasattr(module, "no_sync"):  # DistributedDataParallel
         with module.no_sync():
             yield
-        return
-    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+    elif hasattr(module, "set_requires_gradient_sync"):  # FSDP2
         module.set_requires_gradient_sync(False)
         try:
             yield
         finally:
             module.set_requires_gradient_sync(True)
-        return
-    yield
+    else:
+        yield
 
 
 def full_state_dict(policy: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -99,9 +99,8 @@ class Run:
     scorer: Any = None  # Ray actors scoring rewards (distributed.scorer = "ray"), else None
     pipeline: Pipeline | None = None  # rollout.max_staleness >= 1: batches sampled ahead in another process
     reward_model: Any = None  # reward.model: the learned reward (stages/rm/learned.py LearnedReward)
-    stage_data: Any = (
-        None  # SFT's encoded examples (stages/sft/step.py SFTData); RM's pairs (stages/rm/step.py PairData)
-    )
+    # SFT's encoded examples (stages/sft/step.py SFTData); RM's pairs (stages/rm/step.py PairData)
+    stage_data: Any = None
     # selfplay.policies = "two": the run as the proposer sees it (stages/selfplay/roles.py)
     proposer: Run | None = None
     # the prefix of this run's update metrics in the step's record: "" for the policy, "proposer/" for self-play's

@@ -166,10 +166,8 @@ class Supervisor:
     def _kill_worker(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
 
     def run(self) -> int:
@@ -190,8 +188,7 @@ class Supervisor:
             hb = read_heartbeat(self.run_dir.path) or {}
             attempt.end_step = hb.get("step")
             if cause == "exit" and attempt.returncode == 0:
-                state = hb.get("state", "finished")
-                self._status(state=state)
+                self._status(state=hb.get("state", "finished"))
                 return 0
             if self.stop_signals:
                 self._status(state="stopped")
@@ -244,13 +241,12 @@ class Supervisor:
             argv = [*argv[:i], *argv[i + 2 :]]
         if resume_auto:
             argv += ["--resume", "auto"]
-        env = {**os.environ, ENV_SUPERVISED: "1", "PYTHONUNBUFFERED": "1"}
         (self.run_dir.path / HEARTBEAT_FILE).unlink(missing_ok=True)
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=env,
+            env={**os.environ, ENV_SUPERVISED: "1", "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
             preexec_fn=die_with_parent,
         )

@@ -64,7 +64,6 @@ def task_eval(run: Run, state: TrainState) -> dict[str, float]:
         limits=run.prompter.limits,
     )
     summary = summarize(results)
-    errors = score_errors(results)
-    if errors:
+    if errors := score_errors(results):
         run.event("score_errors", state.step, count=len(errors), first=errors[0], phase="eval")
     return {f"eval/{k}": v for k, v in summary.items() if k != "problems"}

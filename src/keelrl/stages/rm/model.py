@@ -91,14 +91,10 @@ class RewardCard:
     @staticmethod
     def read(directory: Path) -> RewardCard | None:
         path = directory / CARD
-        if not path.is_file():
-            return None
-        return RewardCard(**json.loads(path.read_text(encoding="utf-8")))
+        return RewardCard(**json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else None
 
 
 def resolve_model_dir(path: str) -> Path:
     """`reward.model` as a model directory: a `keelrl rm train` run directory means its final/."""
     p = Path(path).expanduser()
-    if (p / "final" / "config.json").is_file():
-        return p / "final"
-    return p
+    return p / "final" if (p / "final" / "config.json").is_file() else p

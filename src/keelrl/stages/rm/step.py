@@ -122,10 +122,8 @@ def rm_step(run: Run, state: TrainState) -> dict[str, float]:
     cfg, d, data = run.cfg, run.cfg.data, run.stage_data
     assert data is not None, "setup loads the pairs when train.stage = 'rm'"
     run.heartbeat.beat(phase="update")
-    pairs = [
-        data.train[i]
-        for i in step_indices(state.step, len(data.train), d.batch_size, cfg.train.seed, d.shuffle)
-    ]
+    indices = step_indices(state.step, len(data.train), d.batch_size, cfg.train.seed, d.shuffle)
+    pairs = [data.train[i] for i in indices]
     lr = state.optimizer.param_groups[0]["lr"]
     state.optimizer.zero_grad(set_to_none=True)
     loss_sum = right = margin = 0.0
@@ -188,8 +186,7 @@ def write_card(run: Run, state: TrainState, final_eval: dict[str, float]) -> Rew
     data = run.stage_data
     assert data is not None
     sample = (data.eval + data.train)[: CARD_SAMPLE // 2]
-    c, r = _all_pair_scores(run, state, sample)
-    scores = torch.cat([c, r])
+    scores = torch.cat(_all_pair_scores(run, state, sample))
     card = RewardCard(
         score_mean=float(scores.mean()),
         score_std=max(float(scores.std(correction=0)), 1e-6),

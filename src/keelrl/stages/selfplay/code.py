@@ -111,8 +111,7 @@ def check_code_proposal(task: CodeTask, text: str, form: str = "problem") -> Pro
     problem, reason = parse_code_proposal(text)
     if problem is None:
         return Proposal(None, reason)
-    held_out = {p["entry_point"] for p in task.splits["test"]}
-    if problem["entry_point"] in held_out:
+    if problem["entry_point"] in {p["entry_point"] for p in task.splits["test"]}:
         return Proposal(None, "held_out")
     try:  # the code task's own checks of a problem, before any sandbox run; the id follows from the key
         problem = validate_problem({**problem, "id": "proposal"}, "proposal")
@@ -150,8 +149,7 @@ class CodeProposer:
         }
 
     def prompt(self, task: CodeTask, cue: dict[str, Any], template: str, form: str) -> tuple[str, str]:
-        example = cue["example"]
-        return PROPOSE_TEXT.format(max_tests=MAX_TESTS, example=example), "<spec>"
+        return PROPOSE_TEXT.format(max_tests=MAX_TESTS, example=cue["example"]), "<spec>"
 
     def check(self, task: CodeTask, text: str, form: str) -> Proposal:
         return check_code_proposal(task, text, form)

@@ -39,8 +39,7 @@ def problem_key(problem: dict[str, Any]) -> str:
 
 def parse_proposal(text: str) -> dict[str, Any] | None:
     """The problem in the proposer's first line, or None when it is not `N N ... -> T`."""
-    line = text.strip().split("\n", 1)[0] if text.strip() else ""
-    m = PROPOSAL.match(line)
+    m = PROPOSAL.match(text.strip().split("\n", 1)[0])
     if m is None:
         return None
     return {"numbers": [int(x) for x in re.split(r"[ ,]+", m.group(1))], "target": int(m.group(2))}

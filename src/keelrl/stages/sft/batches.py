@@ -38,10 +38,8 @@ def step_indices(step: int, n: int, batch_size: int, seed: int, shuffle: bool) -
     start = step * batch_size
     out: list[int] = []
     while len(out) < batch_size:
-        pos = start + len(out)
-        epoch, offset = divmod(pos, n)
-        order = epoch_order(n, epoch, seed, shuffle)
-        out.extend(order[offset : offset + batch_size - len(out)])
+        epoch, offset = divmod(start + len(out), n)
+        out.extend(epoch_order(n, epoch, seed, shuffle)[offset : offset + batch_size - len(out)])
     return out
 
 

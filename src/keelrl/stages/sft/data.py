@@ -103,9 +103,8 @@ def read_records(path: str | Path) -> list[Record]:
     if p.is_dir() or p.suffix in (".parquet", ".arrow", ".csv"):
         return _datasets_rows(p)
     if p.suffix == ".json":
-        text = p.read_text(encoding="utf-8")
         try:
-            data = json.loads(text)
+            data = json.loads(p.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             return list(_jsonl(p))  # JSON Lines under a .json name
         if not isinstance(data, list):

@@ -64,10 +64,9 @@ def collect_correct(
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, "".join(json.dumps(k) + "\n" for k in kept))
-    sampled = sum(len(res.texts) for res in results)
     return {
         "problems": len(results),
-        "sampled": sampled,
+        "sampled": sum(len(res.texts) for res in results),
         "correct": sum(sum(res.correct) for res in results),
         "kept": len(kept),
         "problems_solved": solved,
