@@ -125,12 +125,11 @@ def evaluate(
         isinstance(config, (str, Path)) and Path(config).is_dir()
     ):  # a run directory: its task, its final policy
         ran = json.loads((Path(config) / "config.json").read_text())
-        steps = {"max_new_tokens": ran["rollout"]["max_new_tokens"]}
         config = {
             "model": {"path": str(Path(config) / "final")},
             "task": ran["task"],
             "eval": ran["eval"],
-            "rollout": steps,
+            "rollout": {"max_new_tokens": ran["rollout"]["max_new_tokens"]},
         }
     data, run = _resolve(config, run_dir, overrides)
     _save_data(data, run / "data")

@@ -112,8 +112,7 @@ def scan(history: Sequence[Record], cfg: GuardsConfig | None = None, max_points:
             if cur is not None:
                 done.append(_close(cur, n))
             open_[name] = _Open(worst=f, last_step=f.steps[1], first_step=f.steps[0], last_point=point)
-    for cur in open_.values():
-        done.append(_close(cur, n))
+    done += [_close(cur, n) for cur in open_.values()]
     last_step = step_of(records[-1], n - 1)
     done = [replace(f, ongoing=f.steps[1] >= last_step and f.ongoing) for f in done]
     return sorted(done, key=lambda f: (-SEVERITY_RANK[f.severity], not f.ongoing, f.steps[0]))
@@ -155,9 +154,7 @@ class Guardian:
         changed = [f for f in findings if self.state["active"].get(f.name, [None])[0] != f.severity]
         self.state["active"] = {f.name: [f.severity, f.action] for f in findings}
         action = strongest_action(findings)
-        if action == "skip":
-            action = "warn"
-        return action, changed, findings
+        return ("warn" if action == "skip" else action), changed, findings
 
     @property
     def healthy(self) -> bool:

@@ -198,13 +198,10 @@ def thin_evenly(rows: list[T], n: int) -> list[T]:
 
 def _representative(rs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The best-rewarded and a median-rewarded rollout (distinct when possible)."""
-    if not rs:
-        return []
+    if len(rs) < 2:
+        return list(rs)
     ranked = sorted(rs, key=lambda r: (-num(r.get("reward")), num(r.get("step"))))
-    picks = [ranked[0]]
-    if len(ranked) > 1:
-        picks.append(ranked[len(ranked) // 2])
-    return picks
+    return [ranked[0], ranked[len(ranked) // 2]]
 
 
 def _sample(r: dict[str, Any]) -> dict[str, Any]:

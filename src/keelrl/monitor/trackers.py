@@ -97,9 +97,8 @@ class MlflowSink:
         fresh = not (run_dir / "mlflow_id").exists()
 
         def create() -> str:
-            name = log.mlflow_run_name or run_dir.name
             return self.client.create_run(
-                exp_id, run_name=name, tags={"keelrl.run_dir": str(run_dir)}
+                exp_id, run_name=log.mlflow_run_name or run_dir.name, tags={"keelrl.run_dir": str(run_dir)}
             ).info.run_id
 
         self.run_id = _stored_id(run_dir / "mlflow_id", create)

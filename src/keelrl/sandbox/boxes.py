@@ -33,6 +33,7 @@ its command running) and by killing the client's process group T + 10 s later.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
@@ -146,11 +147,9 @@ def run_capped(
 
     def feed() -> None:
         assert proc.stdin is not None
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             proc.stdin.write(stdin or b"")
             proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
 
     assert proc.stdout is not None and proc.stderr is not None
     threads = [threading.Thread(target=pump, args=(f.fileno(), b), daemon=True) for f, b in zip((proc.stdout, proc.stderr), bufs)]  # fmt: skip

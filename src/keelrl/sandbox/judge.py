@@ -53,6 +53,13 @@ class Verdict:
     def ok(self) -> bool:
         return self.reason == "ok"
 
+    def info(self, formatted: bool, **extra: Any) -> dict[str, Any]:
+        """A Score's info: formatted, reason, passed, total, then `extra`, then the first failure's detail."""
+        info = dict(formatted=formatted, reason=self.reason, passed=self.passed, total=self.total, **extra)
+        if self.detail:
+            info["detail"] = self.detail[:300]
+        return info
+
 
 def calls_of(cases: Sequence[Case]) -> list[Call]:
     """What goes into the sandbox for these cases: the arguments only."""

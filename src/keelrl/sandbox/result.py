@@ -5,6 +5,7 @@ judge's (judge.py), outside the sandbox."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -194,14 +195,12 @@ def interpret(
     exit_sig = exit_code = None
     if "exit" in first:
         f = first["exit"].split()
-        try:
+        with contextlib.suppress(IndexError, ValueError):
             if f[0] == "signal":
                 exit_sig = int(f[1])
             else:
                 exit_code = int(f[1])
             cpu = float(f[3])
-        except (IndexError, ValueError):
-            pass
     memory = next((a.text for a in answers if a and "MemoryError" in a.raised), None)
     status: Status
     if stopped == "timeout":

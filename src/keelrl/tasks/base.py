@@ -161,9 +161,10 @@ def score_safely(
     return scores, errors
 
 
-def unscored(status: Status, reason: str, error: str) -> Score:
-    """The Score of a sample that has no reward (`status` is not "ok"); `error` says why, in a sentence."""
-    return Score(0.0, False, {"formatted": False, "reason": reason, "error": error}, status)
+def unscored(status: Status, reason: str, error: str, extra: dict[str, Any] | None = None) -> Score:
+    """The Score of a sample that has no reward (`status` is not "ok"); `error` says why, in a sentence. `extra`
+    updates the info (a "formatted" in it replaces the False)."""
+    return Score(0.0, False, {"formatted": False, "reason": reason, "error": error, **(extra or {})}, status)
 
 
 class TaskParams(BaseModel):

@@ -407,16 +407,7 @@ class CodeTask:
 
     def _score_result(self, problem: dict[str, Any], r: ExecResult) -> Score:
         verdict = judge(problem["tests"], r, problem["entry_point"])
-        info: dict[str, Any] = {
-            "formatted": True,
-            "reason": verdict.reason,
-            "passed": verdict.passed,
-            "total": verdict.total,
-            "exec_s": round(r.wall_s, 4),
-            "isolation": r.isolation,
-        }
-        if verdict.detail:
-            info["detail"] = verdict.detail[:300]
+        info = verdict.info(True, exec_s=round(r.wall_s, 4), isolation=r.isolation)
         if self._failures.observe(r):
             return Score(0.1, False, info)  # not the code's fault: no worse than a failing solution
         if verdict.ok:

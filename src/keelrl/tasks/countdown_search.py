@@ -162,13 +162,11 @@ def search_trace(
             )
             if len(rest) == 2:
                 found = check(rest, " " * depth + lead + head + ":")
-                if found is not None:
-                    return found
             else:
                 lines.append(" " * depth + lead + head + "|" + " ".join(str(v) for v, _ in rest))
                 found = rec(rest, depth + 1)
-                if found is not None:
-                    return found
+            if found is not None:
+                return found
         return None
 
     start = sorted(((n, str(n)) for n in numbers), reverse=True)

@@ -383,9 +383,7 @@ def verdict(files: Mapping[str, bytes], ran: Ran, limit: float, formatted: bool)
         reason = "no_reward"
     else:
         return Score(reward, reward >= 1.0, {**info, "reason": "reward", "verifier_metrics": metrics, "missing": miss})  # fmt: skip
-    s = unscored("verifier_error", reason, why)
-    s.info.update(info)
-    return s
+    return unscored("verifier_error", reason, why, info)
 
 
 def run_script(box: Box, script: str, log: str, user: str | None, **kw: Any) -> Ran:

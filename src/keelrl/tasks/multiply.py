@@ -24,9 +24,9 @@ from keelrl.tasks.base import (
     Split,
     TaskParams,
     Template,
+    check_bucket,
     in_test_split,
     last_answer,
-    unknown_bucket,
 )
 
 USER_TEXT = (
@@ -157,8 +157,7 @@ class Multiply:
 
     def problem_in(self, bucket: str, split: Split, index: int) -> dict[str, Any]:
         """The `index`-th problem of `split` in bucket "AxB" (A and B digits; split by pair like `problem`)."""
-        if bucket not in self.buckets():
-            raise unknown_bucket(self.name, bucket, self.buckets())
+        check_bucket(self, bucket)
         da, db = (int(x) for x in bucket.split("x"))
         return self._generate(split, index, da, db, bucket)
 

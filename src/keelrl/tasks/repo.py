@@ -363,10 +363,7 @@ def format_test_report(tests: Sequence[TestRef], errors: Sequence[str], result: 
     lines += failed[:REPORT_FAILURES]
     if len(failed) > REPORT_FAILURES:
         lines.append(f"... and {len(failed) - REPORT_FAILURES} more failures")
-    if not failed:
-        lines.append(f"all {passed} tests passed")
-    else:
-        lines.append(f"{passed} passed, {len(failed)} failed")
+    lines.append(f"{passed} passed, {len(failed)} failed" if failed else f"all {passed} tests passed")
     out = result.stdout.strip() if result is not None else ""
     if out:
         lines.append("captured output (not test results):\n" + out[:500] + ("..." if len(out) > 500 else ""))

@@ -558,16 +558,7 @@ class SweMini:
         result = self._pool().submit(job).result()
         verdict = judge(cases, result, CALL_ENTRY)
         ran = sum(int(i.get("tool_calls", 0)) - int(i.get("tool_errors", 0)) for i in state.infos)
-        info: dict[str, Any] = {
-            "formatted": ran > 0,
-            "reason": verdict.reason,
-            "passed": verdict.passed,
-            "total": verdict.total,
-            "edits": ws.edits,
-            "family": state.problem["family"],
-        }
-        if verdict.detail:
-            info["detail"] = verdict.detail[:300]
+        info = verdict.info(ran > 0, edits=ws.edits, family=state.problem["family"])
         self._failures.observe(result)
         return Score(1.0 if verdict.ok else 0.0, verdict.ok, info)
 

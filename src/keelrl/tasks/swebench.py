@@ -141,15 +141,12 @@ def judge_log(inst: Instance, ran: Ran, limit: float, formatted: bool) -> Score:
     got = log_outcomes(log)
     info: dict[str, Any] = {"formatted": formatted, "output": log[-500:]}
     if ran.timed_out(limit) or (not got and (miss := missing_program(log))):
-        late = ran.timed_out(limit)
         why = (
             f"the tests ran past {limit:g} s"
-            if late
+            if ran.timed_out(limit)
             else f"the tests did not run: `{miss}` is not in the box"
         )
-        s = unscored("verifier_error", "tests_did_not_run", why)
-        s.info.update(info)
-        return s
+        return unscored("verifier_error", "tests_did_not_run", why, info)
     f2p = sum(got.get(t) in PASSING for t in inst.FAIL_TO_PASS)
     p2p = sum(got.get(t) in PASSING for t in inst.PASS_TO_PASS)
     ok = f2p == len(inst.FAIL_TO_PASS) and p2p == len(inst.PASS_TO_PASS)

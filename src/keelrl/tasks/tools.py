@@ -60,12 +60,9 @@ def tool(fn: Callable[..., Any], name: str | None = None, description: str | Non
     """A Tool from a function: its name, its docstring's first paragraph, and a schema from its annotated
     parameters (str, int, float, bool, list, dict; a parameter without a default is required)."""
     hints = get_type_hints(fn)
-    props: dict[str, Any] = {}
-    required: list[str] = []
-    for p in inspect.signature(fn).parameters.values():
-        props[p.name] = {"type": _JSON_TYPES.get(hints.get(p.name), "string")}
-        if p.default is inspect.Parameter.empty:
-            required.append(p.name)
+    params = inspect.signature(fn).parameters.values()
+    props = {p.name: {"type": _JSON_TYPES.get(hints.get(p.name), "string")} for p in params}
+    required = [p.name for p in params if p.default is inspect.Parameter.empty]
     doc = description if description is not None else (inspect.getdoc(fn) or "").split("\n\n")[0]
     return Tool(name or fn.__name__, fn, doc, {"type": "object", "properties": props, "required": required})
 
@@ -142,8 +139,7 @@ def parse_calls(text: str, tools: Sequence[Tool]) -> list[ToolCall | ToolCallErr
             out.append(parse_call(body, by_name))
         except ToolCallError as err:
             out.append(err)
-    closed = text.count(CLOSE_TAG)
-    if text.count(OPEN_TAG) > closed:
+    if text.count(OPEN_TAG) > text.count(CLOSE_TAG):
         out.append(ToolCallError(f"a {OPEN_TAG} without its {CLOSE_TAG}"))
     return out
 

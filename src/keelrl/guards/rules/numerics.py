@@ -4,6 +4,7 @@ sampler/trainer mismatch, and the effective sample size of the off-policy (behav
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -190,17 +191,10 @@ def _is_zero_step(rec: Record) -> bool:
 def exact_zero(history: Sequence[Record], t: ExactZeroThresholds) -> Finding | None:
     """loss and grad_norm exactly 0.0 for `min_steps` training steps in a row (lr > 0), counting the whole
     stretch back to where it began (at most MAX_LOOKBACK records)."""
-    recs: list[Record] = []
-    for i in range(len(history) - 1, max(-1, len(history) - 1 - MAX_LOOKBACK), -1):
-        rec = history[i]
-        if not is_train_record(rec):
-            continue
-        if not _is_zero_step(rec):
-            break
-        recs.append(rec)
+    newest_first = itertools.islice(reversed(history), MAX_LOOKBACK)
+    recs = list(itertools.takewhile(_is_zero_step, filter(is_train_record, newest_first)))[::-1]
     if len(recs) < t.min_steps:
         return None
-    recs.reverse()
     n, steps = len(recs), (step_of(recs[0], 0), step_of(recs[-1], 0))
     evidence = {"zero_steps": float(n)}
     no_signal = [metric_value(r, "groups/no_signal_frac") for r in recs]
@@ -377,8 +371,7 @@ def mismatch(history: Sequence[Record], t: MismatchThresholds) -> Finding | None
     if k <= warn:
         return None
     ev = {"mismatch_kl": k}
-    mx = tail(history, "mismatch/max_abs", t.window)
-    if mx:
+    if mx := tail(history, "mismatch/max_abs", t.window):
         ev["max_abs_logprob_gap"] = max(v for _, v in mx)
     if stale > 0:
         ev["staleness_max"] = stale
