@@ -97,7 +97,7 @@ MUTATIONS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "dual_clip_ignored_in_objective": (OB, "algo.clip_high, algo.dual_clip)", "algo.clip_high, 0.0)", OBJ),
     "loss_weighted_by_metric_weights": (OB, "policy_loss = (pg * w).sum()", "policy_loss = (pg * x.metric_weights).sum()", OBJ),
     "metrics_weighted_like_the_loss": (OB, "m = x.metric_weights", "m = x.loss_weights", OBJ),
-    'dual_clipfrac_not_logged': (OB, '"clipfrac/dual": pstats["dual_clipped"],', '', OBJ),
+    'dual_clipfrac_not_logged': (OB, ', "clipfrac/dual": pstats["dual_clipped"]}', '}', OBJ),
     'ratio_max_over_padding': (OB, '"ratio/max": torch.where(x.mask.bool(), out.ratio, 0.0).max()', '"ratio/max": out.ratio.max()', OBJ),
     "gspo_clip_bounds_swapped": (OB, "algo.seq_clip_low, algo.seq_clip_high", "algo.seq_clip_high, algo.seq_clip_low", OBJ),
     "gspo_with_the_token_clip_range": (OB, "algo.seq_clip_low, algo.seq_clip_high", "algo.clip_low, algo.clip_high", OBJ),
