@@ -46,13 +46,24 @@ def _eval_passes(args: argparse.Namespace) -> tuple[bool, int, float]:
     return not args.no_greedy, sampled, temperature
 
 
+def _task_and_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any]) -> tuple[Any, ...]:
+    """(task, model, tokenizer, template, task params, task seed): the task as the run that `run_cfg` configured
+    had it (--task-param and --template on top), and the model to evaluate on it."""
+    from keelrl.rollout import resolve_template
+    from keelrl.tasks import get_task
+
+    params, task_seed, template_req = task_params_for(args, run_cfg)
+    task = get_task(args.task, task_seed, run_cfg.get("sandbox"), **params)
+    model, tokenizer = load_for_eval(model_path, args.device)
+    return task, model, tokenizer, resolve_template(template_req, tokenizer), params, task_seed
+
+
 def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any] | None = None) -> Any:
     """One `keelrl eval` of `model_path` with the eval options in `args` -> EvalReport. `run_cfg` (the
     config of the run the model came from) supplies task parameters, template and token limit."""
     from keelrl.evals import evaluate
     from keelrl.monitor.sinks import ProgressBar, make_console
-    from keelrl.rollout import make_sampler, resolve_template
-    from keelrl.tasks import get_task
+    from keelrl.rollout import make_sampler
 
     if not args.task:
         raise ConfigError("--task is required (countdown, multiply, code)")
@@ -60,10 +71,7 @@ def eval_model(args: argparse.Namespace, model_path: str, run_cfg: dict[str, Any
     if args.problems < 1:
         raise ConfigError(f"--problems must be at least 1, got {args.problems}")
     run_cfg = run_cfg if run_cfg is not None else (run_config_near(model_path) or {})
-    params, task_seed, template_req = task_params_for(args, run_cfg)
-    task = get_task(args.task, task_seed, run_cfg.get("sandbox"), **params)
-    model, tokenizer = load_for_eval(model_path, args.device)
-    template = resolve_template(template_req, tokenizer)
+    task, model, tokenizer, template, params, task_seed = _task_and_model(args, model_path, run_cfg)
     max_new = args.max_new_tokens or run_cfg.get("rollout", {}).get("max_new_tokens", 256)
     total = args.problems * (int(greedy) + samples)
     with ProgressBar(
@@ -133,20 +141,15 @@ def _report_gates(gates: list[Any], results: dict[str, Any], baseline: dict[str,
 
 def _perplexity_eval(args: argparse.Namespace) -> dict[str, Any]:
     from keelrl.evals import perplexity, reference_perplexity
-    from keelrl.rollout import resolve_template
-    from keelrl.tasks import get_task
 
     source = args.perplexity
     if source == "reference":
         if not args.task:
             raise ConfigError("--perplexity reference needs --task (whose reference solutions to score)")
-        run_cfg = run_config_near(args.model) or {}
-        params, task_seed, template_req = task_params_for(args, run_cfg)
-        task = get_task(args.task, task_seed, run_cfg.get("sandbox"), **params)
-        model, tokenizer = load_for_eval(args.model, args.device)
-        result = reference_perplexity(
-            model, tokenizer, task, resolve_template(template_req, tokenizer), args.problems
+        task, model, tokenizer, template, _, _ = _task_and_model(
+            args, args.model, run_config_near(args.model) or {}
         )
+        result = reference_perplexity(model, tokenizer, task, template, args.problems)
     else:
         path = Path(source)
         if not path.is_file():
@@ -262,7 +265,6 @@ def add_eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--temperature",
         type=float,
-        default=None,
         help="temperature of the sampled pass (default 1.0 when --samples > 1; 0 = greedy only)",
     )
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass (accuracy is then mean@n)")
@@ -280,7 +282,6 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--template",
         choices=["auto", "base", "chat", "compact", "qwen_instruct"],
-        default=None,
         help="prompt rendering (default: the run's, else auto)",
     )
     p.add_argument(

@@ -39,19 +39,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if under_torchrun():  # torchrun is the launcher: it restarts the group (--max-restarts), we just train
         return cmd_worker(args)
+    torchrun = args.nproc_per_node > 1 or args.torchrun
     if cfg.supervisor.enabled and not args.no_supervisor:
         # With --nproc-per-node N the supervised worker is a torchrun group: a rank that dies (or hangs past
         # distributed.timeout_s) fails the group, and the supervisor restarts all of it from the checkpoint.
+        nproc = f"--nproc-per-node={args.nproc_per_node}"
         launcher = (
-            [
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={args.nproc_per_node}",
-                "--max-restarts=0",
-            ]
-            if args.nproc_per_node > 1 or args.torchrun
-            else []
+            ["-m", "torch.distributed.run", "--standalone", nproc, "--max-restarts=0"] if torchrun else []
         )
         argv = [
             sys.executable,
@@ -64,13 +58,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             str(run_dir),
             "--resume",
             args.resume,
+            *[word for item in args.set for word in ("--set", item)],
         ]
-        for item in args.set:
-            argv += ["--set", item]
         code = supervise(argv, run_dir, cfg.supervisor, cfg.train.steps, cfg.train.stage)
         _print_outcome(run_dir)
         return code
-    if args.nproc_per_node > 1 or args.torchrun:
+    if torchrun:
         raise ConfigError(
             "--nproc-per-node and --torchrun need the supervisor (it launches torchrun); drop --no-supervisor, or run "
             "`torchrun --nproc-per-node N -m keelrl train CONFIG` yourself"
@@ -243,6 +236,12 @@ def worker_parser() -> argparse.ArgumentParser:
     return w
 
 
+def _add_result_options(p: argparse.ArgumentParser, out_help: str, gate_help: str) -> None:
+    """`eval` and `compare`: where the result is written, and the gates it must pass."""
+    p.add_argument("--out", help=out_help)
+    p.add_argument("--gate", action="append", default=[], metavar="EXPR", help=gate_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="keelrl", description="RL post-training for language models on verifiable tasks."
@@ -306,15 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="hub id, HF directory, checkpoint (RUN/checkpoints/latest), RUN/final, .gguf file, or smollm2",
     )
     add_eval_options(e)
-    e.add_argument(
-        "--out", help="write the full result (with per-problem records, for keelrl compare) to this JSON file"
-    )
-    e.add_argument(
-        "--gate",
-        action="append",
-        default=[],
-        metavar="EXPR",
-        help="exit 1 unless EXPR holds, e.g. 'accuracy>=0.45', 'pass@4.lo>0.6', 'accuracy>=base-0.01' (repeatable)",
+    _add_result_options(
+        e,
+        "write the full result (with per-problem records, for keelrl compare) to this JSON file",
+        "exit 1 unless EXPR holds, e.g. 'accuracy>=0.45', 'pass@4.lo>0.6', 'accuracy>=base-0.01' (repeatable)",
     )
     e.add_argument("--baseline", metavar="FILE.json", help="eval result that 'base' in --gate refers to")
     e.add_argument(
@@ -338,13 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_eval_options(c)
     c.add_argument("--level", type=float, default=0.95, help="confidence level of the paired intervals")
-    c.add_argument("--out", help="write the comparison to this JSON file")
-    c.add_argument(
-        "--gate",
-        action="append",
-        default=[],
-        metavar="EXPR",
-        help="exit 1 unless EXPR holds for B, with 'base' = A, e.g. 'accuracy>=base-0.01' (repeatable)",
+    _add_result_options(
+        c,
+        "write the comparison to this JSON file",
+        "exit 1 unless EXPR holds for B, with 'base' = A, e.g. 'accuracy>=base-0.01' (repeatable)",
     )
     c.set_defaults(func=cmd_compare)
 
@@ -364,18 +355,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--seed", type=int, default=0, help="seed of every stage")
     m.add_argument(
-        "--minutes",
-        type=float,
-        default=None,
-        help="scale the work (step counts) to about this many minutes (default 12)",
+        "--minutes", type=float, help="scale the work (step counts) to about this many minutes (default 12)"
     )
     m.add_argument(
         "--engine", choices=["hf", "vllm"], default="hf", help="what samples during RL (rollout.engine)"
     )
     m.add_argument(
-        "--out",
-        default=None,
-        help="output directory (default runs/demo, runs/demo_search, runs/smollm2[_multiply])",
+        "--out", help="output directory (default runs/demo, runs/demo_search, runs/smollm2[_multiply])"
     )
     m.add_argument(
         "--quick", action="store_true", help="--recipe smollm2: a smoke run of every stage (minutes)"
@@ -400,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="write one self-contained HTML report of a run (interactive plots, findings, rollouts)"
     )
     r.add_argument("run_dir", help="run directory")
-    r.add_argument("-o", "--out", default=None, help="output HTML file (default: RUN_DIR/report.html)")
+    r.add_argument("-o", "--out", help="output HTML file (default: RUN_DIR/report.html)")
     r.add_argument(
         "--compare", nargs="+", default=[], metavar="RUN_DIR2", help="overlay these runs, list config diffs"
     )

@@ -7,6 +7,7 @@ fit together) raises `ConfigError` before any work starts, naming the field and 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 from pathlib import Path
@@ -137,10 +138,9 @@ def check_packages(cfg: Config) -> None:
 
 def pip_install(extra: str, fallback: str) -> str:
     """The `pip install` of keelrl's `extra` (its packages and versions as pyproject.toml lists them)."""
-    try:
+    reqs: list[str] = []
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         reqs = importlib.metadata.requires("keelrl") or []
-    except importlib.metadata.PackageNotFoundError:
-        reqs = []
     wanted = [r.split(";")[0].strip() for r in reqs if r.endswith(f'extra == "{extra}"')]
     return "pip install " + " ".join(f"'{r}'" for r in wanted or [fallback])
 

@@ -292,47 +292,42 @@ class SupervisorConfig(Section):
     )
 
 
+def at_step(description: str) -> Any:
+    """A fault's step: it fires after (or during) this step; 0, the default, is off."""
+    return Field(0, ge=0, description=description)
+
+
 class FaultsConfig(Section):
     """Chaos drills: rehearse recovery on your own run. Each fault fires once per run (not again after the
     restart it causes) and is logged as an event of kind 'fault'."""
 
-    crash_at_step: int = Field(
-        0, ge=0, description="Worker exits with an error after finishing this step (0 = off)."
+    crash_at_step: int = at_step("Worker exits with an error after finishing this step (0 = off).")
+    hang_at_step: int = at_step("Worker stops sending heartbeats and sleeps after this step (0 = off).")
+    kill_during_save_at_step: int = at_step(
+        "Worker SIGKILLs itself in the middle of writing this step's checkpoint (0 = off)."
     )
-    hang_at_step: int = Field(
-        0, ge=0, description="Worker stops sending heartbeats and sleeps after this step (0 = off)."
-    )
-    kill_during_save_at_step: int = Field(
-        0,
-        ge=0,
-        description="Worker SIGKILLs itself in the middle of writing this step's checkpoint (0 = off).",
-    )
-    disk_full_at_step: int = Field(
-        0, ge=0, description="This step's checkpoint write fails as on a full disk (ENOSPC) (0 = off)."
+    disk_full_at_step: int = at_step(
+        "This step's checkpoint write fails as on a full disk (ENOSPC) (0 = off)."
     )
     corrupt_latest_checkpoint: bool = Field(
         False,
         description="After the first checkpoint past step 0 is written, flip bytes in its weights and crash.",
     )
-    nan_grad_at_step: int = Field(
-        0, ge=0, description="Gradients of this step's update are replaced by NaN (0 = off)."
-    )
+    nan_grad_at_step: int = at_step("Gradients of this step's update are replaced by NaN (0 = off).")
     reward_error_rate: float = Field(
         0.0, ge=0.0, le=1.0, description="Share of reward calls that raise an error."
     )
     reward_stall_s: float = Field(
         0.0, ge=0.0, description="Seconds the first reward call of the run sleeps (a stalled verifier)."
     )
-    skip_weight_sync_at_step: int = Field(
-        0, ge=0, description="The weight push after this step's update is skipped (0 = off; vllm engine)."
+    skip_weight_sync_at_step: int = at_step(
+        "The weight push after this step's update is skipped (0 = off; vllm engine)."
     )
-    stale_prefix_cache_at_step: int = Field(
-        0,
-        ge=0,
-        description="The push after this step's update keeps the engine's prefix cache (0 = off; vllm).",
+    stale_prefix_cache_at_step: int = at_step(
+        "The push after this step's update keeps the engine's prefix cache (0 = off; vllm)."
     )
-    kill_engine_at_step: int = Field(
-        0, ge=0, description="The engine process is SIGKILLed while generating this step (0 = off; vllm)."
+    kill_engine_at_step: int = at_step(
+        "The engine process is SIGKILLed while generating this step (0 = off; vllm)."
     )
 
 

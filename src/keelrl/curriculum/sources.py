@@ -306,13 +306,11 @@ class AdaptiveSource:
 
     def _remember(self, key: str, k: int, n: int) -> None:
         record = self.problems.pop(key, [0, 0, 0])  # re-inserted last: the dict's order is recency
-        streak = record[2]
+        streak = 0  # a group with signal ends the run
         if k == n:
-            streak = streak + 1 if streak > 0 else 1
+            streak = max(record[2], 0) + 1  # all solved: a run counting up from 1
         elif k == 0:
-            streak = streak - 1 if streak < 0 else -1
-        else:
-            streak = 0
+            streak = min(record[2], 0) - 1  # all failed: counting down from -1
         self.problems[key] = [record[0] + k, record[1] + n, streak]
         while len(self.problems) > self.cfg.max_tracked_problems:
             del self.problems[next(iter(self.problems))]

@@ -15,6 +15,13 @@ def _interval(metric: Mapping[str, Any]) -> str:
     return f"[{_fmt(lo)}, {_fmt(hi)}]"
 
 
+def _table(title: str) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+
+
 def problems_text(summary: Mapping[str, Any]) -> str:
     """`500 problems`, or `500 problems (151 distinct)` when some were drawn more than once (docs/eval.md)."""
     n, distinct = summary.get("problems"), summary.get("distinct_problems", summary.get("problems"))
@@ -23,9 +30,6 @@ def problems_text(summary: Mapping[str, Any]) -> str:
 
 def render_summary(summary: Mapping[str, Any]) -> list[Any]:
     """Rich renderables for an eval summary (or perplexity result): metric table, difficulty breakdown."""
-    from rich import box
-    from rich.table import Table
-
     s = summary.get("settings", {})
     if summary.get("mode") == "perplexity":
         title = f"perplexity on {summary.get('source', '')}: {summary.get('texts')} texts, {summary.get('tokens')} tokens"
@@ -36,7 +40,7 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
             f"{s.get('model', '')} on {s.get('task', '')}: {problems_text(summary)} "
             f"({' + '.join(passes)}), {summary.get('problems_per_s', 0.0):.2f} problems/s"
         )
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table = _table(title)
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("95% CI", justify="right")
@@ -47,7 +51,7 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
     if len(buckets) > 1:
         names = [n for n in summary["metrics"] if n == "accuracy" or n.startswith(("pass@", "maj@"))]
         names = names[:1] + ([n for n in names if n.startswith("pass@")][-1:] if len(names) > 1 else [])
-        by = Table(title="by difficulty", title_justify="left", box=box.SIMPLE_HEAD)
+        by = _table("by difficulty")
         by.add_column("bucket")
         by.add_column("problems", justify="right")
         for n in names:
@@ -71,14 +75,9 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
 
 def render_comparison(comparison: Mapping[str, Any], name_a: str = "A", name_b: str = "B") -> list[Any]:
     """Rich renderables for a `compare_results` dict: one row per metric with the verdict word."""
-    from rich import box
-    from rich.table import Table
-
     level = comparison["level"]
-    table = Table(
-        title=f"B = {name_b} vs A = {name_a}: paired over {comparison['problems']} problems, {level:.0%} intervals",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
+    table = _table(
+        f"B = {name_b} vs A = {name_a}: paired over {comparison['problems']} problems, {level:.0%} intervals"
     )
     for col in ("metric", "A", "B", "B - A", "CI", "verdict"):
         table.add_column(col, justify="left" if col in ("metric", "verdict") else "right")

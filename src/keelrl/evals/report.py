@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
 SCHEMA = "keelrl.eval/1"
 
-# Direction of improvement (+1 higher, -1 lower is better, 0 neither); unlisted names match by their last
-# path component (so `sampled/truncated_frac` is -1).
+# Direction of improvement (+1 higher, -1 lower is better, 0 neither; unlisted: +1); a `sampled/` name has its
+# metric's (so `sampled/truncated_frac` is -1).
 _DIRECTION = {
     "truncated_frac": -1,
     "length/mean": 0,
@@ -81,15 +81,13 @@ class EvalReport:
         seed = int(self.settings.get("seed", 0))
         table = self.table()
         metrics = metric_intervals(table, 0.95, resamples, seed)
-        buckets: dict[str, list[int]] = {}
-        for i, r in enumerate(self.records):
-            buckets.setdefault(r.difficulty, []).append(i)
+        difficulty = np.array([r.difficulty for r in self.records], dtype=object)
         by_difficulty = {}
-        for name in sorted(buckets):
-            rows = np.array(buckets[name])
+        for name in sorted({r.difficulty for r in self.records}):
+            rows = difficulty == name  # [P] this bucket's problems
             sub = {m: v[rows] for m, v in table.items()}
             by_difficulty[name] = {
-                "problems": len(rows),
+                "problems": int(rows.sum()),
                 "metrics": metric_intervals(sub, 0.95, resamples, stable_hash("bucket", seed, name)),
             }
         num = len(self.records)
@@ -178,8 +176,7 @@ def evaluate(
     num_problems = problem_count(task, split, num_problems)
     ks = sorted({int(k) for k in ks}) if ks else default_ks(samples)
     if samples > 0:
-        bad = [k for k in ks if not 1 <= k <= samples]
-        if bad:
+        if bad := [k for k in ks if not 1 <= k <= samples]:
             raise ConfigError(
                 f"--k {','.join(map(str, bad))}: pass@k and maj@k need 1 <= k <= samples ({samples})"
             )
@@ -213,10 +210,7 @@ def evaluate(
 
 def metric_direction(name: str) -> int:
     """+1 if higher is better, -1 if lower is better, 0 if neither (e.g. length)."""
-    if name in _DIRECTION:
-        return _DIRECTION[name]
-    tail = name.split("/", 1)[1] if name.startswith("sampled/") else name
-    return _DIRECTION.get(tail, 1)
+    return _DIRECTION.get(name, _DIRECTION.get(name.removeprefix("sampled/"), 1))
 
 
 def verdict(lo: float, hi: float, direction: int = 1) -> str:

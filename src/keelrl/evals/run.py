@@ -61,10 +61,9 @@ class ProblemResult:
         self.lengths.append(sum(rollout.trainable))  # the model's tokens (an environment's are context)
         self.answers.append(extracted_answer(info, text, formatted))
         self.score_errors.append(str(info.get("error", rollout.status)) if rollout.status != "ok" else None)
-        if "turns" in info:
-            self.turns.append(int(info["turns"]))
-            self.tool_calls.append(int(info.get("tool_calls", 0)))
-            self.tool_errors.append(int(info.get("tool_errors", 0)))
+        if "turns" in info:  # an environment's episode: turns, tool calls, tool errors
+            for attr in EPISODE_STATS.values():
+                getattr(self, attr).append(int(info.get(attr, 0)))
 
     def to_json(self) -> dict[str, Any]:
         """Every field, in field order; the episode and behaviour lists only when there are any."""
@@ -88,9 +87,7 @@ class ProblemResult:
             lengths=[int(x) for x in d["lengths"]],
             answers=list(d.get("answers", [None] * n)),
             score_errors=list(d.get("score_errors", [None] * n)),
-            turns=[int(x) for x in d.get("turns", [])],
-            tool_calls=[int(x) for x in d.get("tool_calls", [])],
-            tool_errors=[int(x) for x in d.get("tool_errors", [])],
+            **{attr: [int(x) for x in d.get(attr, [])] for attr in EPISODE_STATS.values()},
             behaviour=[{str(k): float(v) for k, v in b.items()} for b in d.get("behaviour", [])],
         )
 

@@ -3,6 +3,7 @@ records and "nan"/"inf" strings), the `Finding` it returns, and the base of its 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -56,10 +57,8 @@ def metric_value(record: Record, key: str) -> float | None:
     if isinstance(v, (int, float)):  # bools too
         return float(v)
     if isinstance(v, str):
-        try:
+        with contextlib.suppress(ValueError):
             return float(v)  # accepts "nan", "inf", "-inf", "Infinity"
-        except ValueError:
-            return None
     return None
 
 
@@ -84,10 +83,9 @@ def tail(history: Sequence[Record], key: str, n: int, limit: int | None = None) 
     return _finite(history, key, n, range(len(history) - 1, max(-1, len(history) - 1 - limit), -1))[::-1]
 
 
-def head(history: Sequence[Record], key: str, n: int, limit: int | None = None) -> list[tuple[int, float]]:
-    """The first `n` finite (step, value) pairs of `key` (a run's starting level); `limit` as in `tail`."""
-    limit = 4 * n + 20 if limit is None else limit
-    return _finite(history, key, n, range(min(len(history), limit)))
+def head(history: Sequence[Record], key: str, n: int) -> list[tuple[int, float]]:
+    """The first `n` finite (step, value) pairs of `key` (a run's starting level), within 4n + 20 records."""
+    return _finite(history, key, n, range(min(len(history), 4 * n + 20)))
 
 
 def _finite(history: Sequence[Record], key: str, n: int, indices: range) -> list[tuple[int, float]]:
@@ -173,3 +171,38 @@ def start_and_now(
     if len(base) < baseline_steps or len(cur) < window or cur[0][0] <= base[-1][0]:
         return None
     return mean_value(base), mean_value(cur), cur
+
+
+@dataclass(frozen=True)
+class Rise:
+    """A rule on a level that matters once it has risen: the mean of `key` over the thresholds' last `window`
+    steps is at least their `levels[0]` field and `min_rise` above the mean of their first `baseline_steps`, a
+    warning, critical from the `levels[1]` field on. A level that high without the rise is `flat`'s info
+    finding, or none. `message` and `flat` are str.format templates of start, now, first and last (the
+    window's steps); `evidence` names the mean now, and prefixed with start_ the starting mean."""
+
+    name: str
+    key: str
+    levels: tuple[str, str]
+    evidence: str
+    message: str
+    suggestion: str
+    flat: str | None = None
+
+    @property
+    def __name__(self) -> str:  # as a rule function's: its name in RULES and in its findings
+        return self.name
+
+    def __call__(self, history: Sequence[Record], t: Any) -> Finding | None:
+        if (got := start_and_now(history, self.key, t.baseline_steps, t.window)) is None:
+            return None
+        start, now, cur = got
+        warn, critical = (getattr(t, level) for level in self.levels)
+        risen = now - start >= t.min_rise
+        template = self.message if risen else self.flat
+        if now < warn or template is None:
+            return None
+        severity: Severity = ("critical" if now >= critical else "warning") if risen else "info"
+        message = template.format(start=start, now=now, first=cur[0][0], last=cur[-1][0])
+        evidence = {self.evidence: now, f"start_{self.evidence}": start}
+        return finding(self.name, severity, span(cur), evidence, message, self.suggestion, t.action)

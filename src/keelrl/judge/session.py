@@ -21,6 +21,7 @@ import json
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -225,12 +226,9 @@ def results(session_dir: str | Path, resamples: int = 500, seed: int = 0) -> dic
     rated = [(a, b, o) for a, b, o, _, _ in comps] + identical_ties(pairs)
     rates = pair_win_rates(rated)
     bt = bt_intervals(rated, labels, resamples=resamples, seed=seed)
-    verifier = {
-        label: sum(bool(p.correct_a) for p in pairs if p.model_a == label)
-        + sum(bool(p.correct_b) for p in pairs if p.model_b == label)
-        for label in labels
-    }
-    shown = {label: sum(label in (p.model_a, p.model_b) for p in pairs) for label in labels}
+    # each completion shown: its model and whether the verifier accepted it
+    sides = [side for p in pairs for side in ((p.model_a, p.correct_a), (p.model_b, p.correct_b))]
+    shown, verifier = Counter(m for m, _ in sides), Counter(m for m, correct in sides if correct)
     agree_j = judge_agreement([(str(pid), o, judge) for _, _, o, judge, pid in comps])
     # only votes cast without the verdict: a judge who looked at it is no evidence of agreeing with it
     blind = comparisons(pairs, [v for v in votes if not v.verdict_seen])

@@ -107,23 +107,14 @@ def rl_fits(
 ) -> tuple[list[dict[str, Any]], dict[str, FitIntervals]]:
     """One fit per grid point, ranked by A (highest first); its intervals take the seed noise's spread as known
     only as well as every point's seeds together measure it (their degrees of freedom, pooled)."""
-    fits, draws = [], {}
     points = by_label([r for r in records if r["role"] == "grid"])
     dof = sum(len(runs) - 1 for runs in points.values())
-    for label, runs in points.items():
-        fit, fi = fit_point(runs, warmup_fraction, resamples, level, dof)
-        fits.append(fit)
-        draws[label] = fi
-    fits.sort(key=lambda f: -f["a"])
+    both = {label: fit_point(runs, warmup_fraction, resamples, level, dof) for label, runs in points.items()}
+    draws = {label: fi for label, (_, fi) in both.items()}
+    fits = sorted((fit for fit, _ in both.values()), key=lambda f: -f["a"])
     for rank, f in enumerate(fits, 1):
         f["rank_by_a"] = rank
     return fits, draws
-
-
-def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of y on x."""
-    slope, intercept = np.polyfit(x, y, 1)
-    return float(intercept), float(slope)
 
 
 def _size_inputs(
@@ -149,14 +140,14 @@ def size_law(
     def band(values: list[float]) -> list[float]:
         return list(central_interval(values, level))
 
-    x = np.log([f["parameters"] for f in sizes])
+    r0_slope, r0_intercept = np.polyfit(np.log([f["parameters"] for f in sizes]), [f["r0"] for f in sizes], 1)
     out = {
         "sizes": [f["parameters"] for f in sizes],
         "form": "A = a0 + a1 (ln N - x_ref), clipped to [R0, 1]; ln C_mid = c0 + c1 (ln N - x_ref); B shared; "
         "R0 = r0 + r1 ln N",
         "a0": full.a0, "a1": full.a1, "b": full.b, "c0": full.c0, "c1": full.c1, "x_ref": full.x_ref, "rss": full.rss,
         "a1_ci": band([d.a1 for d in draws]), "c1_ci": band([d.c1 for d in draws]), "b_ci": band([d.b for d in draws]),
-        "r0_line": _line(x, np.array([f["r0"] for f in sizes])),
+        "r0_line": (float(r0_intercept), float(r0_slope)),  # least squares of R0 on ln N
     }  # fmt: skip
     return out, draws
 
@@ -242,13 +233,16 @@ def rl_prediction(
         var = np.clip(mean * (1 - mean), 0, None) / max(1, eval_problems * target_seeds)
     measured = mean + rng.standard_normal(len(mean)) * np.sqrt(var)
     plo, pmid, phi = np.percentile(measured, q)
+    median_fit = fit_sigmoid(grid, mid, r0)
     return {
         "method": method,
         "size_law": law,
         "parameters": int(target_params),
         "planned_compute": float(target_compute),
         "r0": r0,
-        **_curve_params(grid, mid, r0),
+        # A, B, C_mid of the median curve, a sigmoid refitted to it: the medians of the draws' parameters
+        # need not describe one curve
+        "a": median_fit.a, "b": median_fit.b, "c_mid": median_fit.c_mid,
         "curve": {"compute": grid.tolist(), "lo": lo.tolist(), "mid": mid.tolist(), "hi": hi.tolist()},
         "final": float(pmid),
         "final_interval": [float(plo), float(phi)],
@@ -256,13 +250,6 @@ def rl_prediction(
         "seed_noise": noise,
         "level": level,
     }  # fmt: skip
-
-
-def _curve_params(grid: np.ndarray, mid: np.ndarray, r0: float) -> dict[str, float]:
-    """A, B, C_mid of the median predicted curve (a sigmoid refitted to it: the medians of the draws'
-    parameters need not describe one curve)."""
-    f = fit_sigmoid(grid, mid, r0)
-    return {"a": f.a, "b": f.b, "c_mid": f.c_mid}
 
 
 def rl_validation(prediction: dict[str, Any], target_runs: Sequence[Record]) -> dict[str, Any]:
@@ -282,8 +269,7 @@ def rl_validation(prediction: dict[str, Any], target_runs: Sequence[Record]) -> 
         "final_per_seed": acc[:, -1].tolist(),
         "final_compute": float(compute[-1]),
         "predicted_at_final_compute": at_measured,
-        "inside_interval": bool(lo <= final <= hi),
-        "miss": 0.0 if lo <= final <= hi else float(final - (hi if final > hi else lo)),
+        **_against(final, lo, hi),
     }
 
 
@@ -311,9 +297,7 @@ def pretrain_fits(
             "loss": float(losses.mean()),
             "seeds": len(runs),
         })  # fmt: skip
-    n = [p["parameters"] for p in points]
-    d = [p["tokens"] for p in points]
-    y = [p["loss"] for p in points]
+    n, d, y = ([p[k] for p in points] for k in ("parameters", "tokens", "loss"))
     at = at or (max(n), max(d))
     seeds = len(points) / sum(1 / p["seeds"] for p in points)
     seed_var = (sq / dof, dof, seeds) if dof else None
@@ -347,6 +331,10 @@ def pretrain_validation(prediction: dict[str, Any], target_runs: Sequence[Record
         "loss": loss,
         "per_seed": [r["loss"] for r in target_runs],
         "tokens": float(np.mean([r["tokens"] for r in target_runs])),
-        "inside_interval": bool(lo <= loss <= hi),
-        "miss": 0.0 if lo <= loss <= hi else loss - (hi if loss > hi else lo),
+        **_against(loss, lo, hi),
     }
+
+
+def _against(value: float, lo: float, hi: float) -> dict[str, Any]:
+    """Whether a measured value landed inside its predicted interval, and by how much it missed (signed)."""
+    return {"inside_interval": bool(lo <= value <= hi), "miss": float(value - np.clip(value, lo, hi))}

@@ -96,11 +96,7 @@ def _nnls_rss(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fit_chinchilla(
-    params: Sequence[float],
-    tokens: Sequence[float],
-    loss: Sequence[float],
-    rounds: int = 7,
-    kind: Residuals = "absolute",
+    params: Sequence[float], tokens: Sequence[float], loss: Sequence[float], kind: Residuals = "absolute"
 ) -> ChinchillaFit:
     """Least-squares fit of E, A, alpha, B, beta (all >= 0) to (N, D, L) points, exponents in [0.01, 3], on
     `kind` residuals (`rss`: the sum of squares the fit minimised, in the loss's units or as shares of it)."""
@@ -124,7 +120,7 @@ def fit_chinchilla(
         return rss, coef
 
     lo, hi = np.log([0.01, 0.01]), np.log([3.0, 3.0])
-    rss, (la_best, lb_best), (e, a, b) = zoom_grid_search(evaluate, lo, hi, 41, rounds)
+    rss, (la_best, lb_best), (e, a, b) = zoom_grid_search(evaluate, lo, hi, 41, 7)
     return ChinchillaFit(
         float(e), float(a), float(np.exp(la_best)), float(b), float(np.exp(lb_best)), rss, len(y)
     )

@@ -39,6 +39,13 @@ def _summary(run_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def _command(prog: list[str], config: str | None, run_dir: Path, *flags: str, sets: list[str]) -> list[str]:
+    """`python -m PROG [CONFIG] --run-dir RUN_DIR FLAGS... --set ITEM...`: the process that makes one point."""
+    set_args = [arg for item in sets for arg in ("--set", item)]
+    return [sys.executable, "-m", *prog, *([config] if config else []), "--run-dir", str(run_dir), *flags,
+            *set_args]  # fmt: skip
+
+
 def rl_flops_per_token_param(cfg: dict[str, Any]) -> float:
     """Training FLOPs per parameter per (prompt + completion) token of an RL step: sampling's forward (2), the
     update's forward and backward per epoch (6 each), the reference model's forward when a KL term needs it
@@ -64,17 +71,8 @@ class RLKind:
     def argv(
         self, config: str | None, overrides: list[str], run: LadderRun, run_dir: Path, threads: int
     ) -> list[str]:
-        sets = [
-            *overrides,
-            *run.overrides(),
-            f"train.seed={run.seed}",
-            f"train.threads={threads}",
-            "log.progress=false",
-        ]
-        return [
-            sys.executable, "-m", "keelrl", "train", *([config] if config else []), "--run-dir", str(run_dir),
-            *[arg for item in sets for arg in ("--set", item)],
-        ]  # fmt: skip
+        own = [f"train.seed={run.seed}", f"train.threads={threads}", "log.progress=false"]
+        return _command(["keelrl", "train"], config, run_dir, sets=[*overrides, *run.overrides(), *own])
 
     def finished(self, run_dir: Path) -> bool:
         return _summary(run_dir).get("state") == "finished"
@@ -124,11 +122,10 @@ class PretrainKind:
     def argv(
         self, config: str | None, overrides: list[str], run: LadderRun, run_dir: Path, threads: int
     ) -> list[str]:
-        sets = [*overrides, *run.overrides()]
-        return [
-            sys.executable, "-m", "keelrl.ladder.pretrain_run", *([config] if config else []), "--run-dir", str(run_dir),
-            "--seed", str(run.seed), "--threads", str(threads), *[arg for item in sets for arg in ("--set", item)],
-        ]  # fmt: skip
+        flags = ("--seed", str(run.seed), "--threads", str(threads))
+        return _command(
+            ["keelrl.ladder.pretrain_run"], config, run_dir, *flags, sets=[*overrides, *run.overrides()]
+        )
 
     def finished(self, run_dir: Path) -> bool:
         return _summary(run_dir).get("state") == "finished"

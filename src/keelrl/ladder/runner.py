@@ -118,9 +118,7 @@ def _ladder_section(
 ) -> LadderConfig:
     """The config's [ladder] with the command line's --axis, --target, --seeds and --jobs on top."""
     lad = lad.model_copy(deep=True)
-    for item in axes:
-        key, values = parse_axis(item)
-        lad.axes = {**lad.axes, key: values}
+    lad.axes = {**lad.axes, **dict(parse_axis(item) for item in axes)}
     for item in target:
         key, values = parse_axis(item)
         if len(values) != 1:

@@ -8,7 +8,7 @@ saturates at, B the efficiency (how steep), C_mid the compute at which half of t
 
 Fit (pure numpy, deterministic): points with C <= `warmup` are cut (ScaleRL leaves out the early noisy regime).
 R0 is given (the measured start), not fitted. For fixed (B, C_mid) the least-squares A has a closed form, clipped
-to [R0, ceiling] (a pass rate cannot exceed 1); (log B, log C_mid) are searched on a grid, then on finer grids
+to [R0, 1] (a pass rate cannot exceed 1); (log B, log C_mid) are searched on a grid, then on finer grids
 around the best point (`zoom_grid_search`). Departure from the paper, stated: ScaleRL does not say how it
 optimises; a grid is slower than a gradient method but cannot wander off on the flat directions of a sigmoid
 seen only on its rising part.
@@ -46,11 +46,11 @@ class SigmoidFit:
         return sigmoid_curve(compute, self.r0, self.a, self.b, self.c_mid)
 
 
-def _best_a(s: np.ndarray, y: np.ndarray, r0: float, ceiling: float) -> tuple[np.ndarray, np.ndarray]:
+def _best_a(s: np.ndarray, y: np.ndarray, r0: float) -> tuple[np.ndarray, np.ndarray]:
     """For shapes s [..., N] (the factor 1 / (1 + (C_mid/C)^B)) and targets y [N]: the least-squares A of each
-    shape, clipped to [r0, ceiling], and its residual sum of squares."""
+    shape, clipped to [r0, 1], and its residual sum of squares."""
     gain = (s * (y - r0)).sum(-1) / np.maximum((s * s).sum(-1), 1e-300)
-    a = np.clip(r0 + gain, r0, ceiling)
+    a = np.clip(r0 + gain, r0, 1.0)
     rss = ((r0 + (a - r0)[..., None] * s - y) ** 2).sum(-1)
     return a, rss
 
@@ -83,12 +83,7 @@ def zoom_grid_search(
 
 
 def fit_sigmoid(
-    compute: Sequence[float],
-    score: Sequence[float],
-    r0: float,
-    warmup: float = 0.0,
-    ceiling: float = 1.0,
-    rounds: int = 7,
+    compute: Sequence[float], score: Sequence[float], r0: float, warmup: float = 0.0
 ) -> SigmoidFit:
     """Least-squares fit of A, B, C_mid to (compute, score) points with compute > `warmup` (R0 given)."""
     c = np.asarray(compute, dtype=np.float64)
@@ -105,13 +100,13 @@ def fit_sigmoid(
 
     def evaluate(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # (ln B, ln C_mid) [G, 2]
         s = 1.0 / (1.0 + np.exp(np.exp(coords[:, :1]) * (coords[:, 1:] - log_c)))  # [G, N]
-        a, rss = _best_a(s, y, r0, ceiling)
+        a, rss = _best_a(s, y, r0)
         return rss, a
 
     # C_mid from 100x below the first point to 1000x beyond the last; B from 0.1 to 10
     lo = [np.log(0.1), log_c.min() - np.log(100.0)]
     hi = [np.log(10.0), log_c.max() + np.log(1000.0)]
-    rss_best, (lb_best, lm_best), a_best = zoom_grid_search(evaluate, lo, hi, 81, rounds)
+    rss_best, (lb_best, lm_best), a_best = zoom_grid_search(evaluate, lo, hi, 81, 7)
     return SigmoidFit(r0, float(a_best), float(np.exp(lb_best)), float(np.exp(lm_best)), rss_best, len(c))
 
 
@@ -157,7 +152,6 @@ def bootstrap_fit(
     resamples: int = 200,
     level: float = 0.95,
     seed: int = 0,
-    ceiling: float = 1.0,
     dof: int = 0,
 ) -> FitIntervals:
     """Fit the mean over seeds of the scores [S, N] (one row per seed, at the shared `compute` points), with
@@ -166,12 +160,12 @@ def bootstrap_fit(
     scores = np.asarray(seed_scores, dtype=np.float64)
     if scores.ndim != 2 or scores.shape[1] != len(compute):
         raise ValueError(f"seed_scores must be [seeds, {len(compute)}], got {scores.shape}")
-    full = fit_sigmoid(compute, scores.mean(0), r0, warmup, ceiling)
+    full = fit_sigmoid(compute, scores.mean(0), r0, warmup)
     rng = np.random.default_rng(seed)
     params = []
     for _ in range(resamples):
         scale = np.sqrt(dof / rng.chisquare(dof)) if dof else 1.0
-        f = fit_sigmoid(compute, resampled_mean(scores, rng, eval_problems, scale), r0, warmup, ceiling)
+        f = fit_sigmoid(compute, resampled_mean(scores, rng, eval_problems, scale), r0, warmup)
         params.append((f.a, f.b, f.c_mid))
     p = np.array(params)
     a, b, c_mid = (central_interval(p[:, k], level) for k in range(3))
@@ -181,7 +175,7 @@ def bootstrap_fit(
 @dataclass(frozen=True)
 class SizeFit:
     """One sigmoid per model size with shared efficiency B and sizes tied by two laws, x = ln N - x_ref:
-    A(N) = a0 + a1 x (clipped to [R0, ceiling]) and ln C_mid(N) = c0 + c1 x."""
+    A(N) = a0 + a1 x (clipped to [R0, 1]) and ln C_mid(N) = c0 + c1 x."""
 
     a0: float
     a1: float
@@ -191,9 +185,9 @@ class SizeFit:
     x_ref: float
     rss: float
 
-    def curve(self, params: float, r0: float, compute: np.ndarray, ceiling: float = 1.0) -> np.ndarray:
+    def curve(self, params: float, r0: float, compute: np.ndarray) -> np.ndarray:
         x = np.log(params) - self.x_ref
-        a = float(np.clip(self.a0 + self.a1 * x, r0, ceiling))
+        a = float(np.clip(self.a0 + self.a1 * x, r0, 1.0))
         return sigmoid_curve(compute, r0, a, self.b, float(np.exp(self.c0 + self.c1 * x)))
 
 
@@ -203,25 +197,20 @@ def fit_size_sigmoid(
     score: Sequence[np.ndarray],
     r0: Sequence[float],
     warmup: Sequence[float],
-    ceiling: float = 1.0,
-    rounds: int = 9,
 ) -> SizeFit:
     """Least-squares fit of (a0, a1, B, c0, c1) to every size's (compute, score) points after its warm-up cut,
     R0 given per size. For each (B, c0, c1) on a grid, (a0, a1) are linear least squares (then A is clipped to
-    [R0, ceiling] and the residual recomputed); the grid zooms in as in `fit_sigmoid`. Sharing B and tying A
+    [R0, 1] and the residual recomputed); the grid zooms in as in `fit_sigmoid`. Sharing B and tying A
     and C_mid across sizes leaves 5 parameters for all sizes' points, where separate fits have 3 per size and
     wander along the A-C_mid ridge of a curve seen only up to its middle."""
     x = np.log(np.asarray(params, np.float64))
     x_ref = float(x.mean())
-    xs, ys, rs, lcs = [], [], [], []
-    for i in range(len(x)):
-        c, y = np.asarray(compute[i], np.float64), np.asarray(score[i], np.float64)
-        keep = c > warmup[i]
-        xs.append(np.full(keep.sum(), x[i] - x_ref))
-        ys.append(y[keep])
-        rs.append(np.full(keep.sum(), r0[i]))
-        lcs.append(np.log(c[keep]))
-    xv, yv, rv, lc = (np.concatenate(v) for v in (xs, ys, rs, lcs))
+    cs = [np.asarray(c, np.float64) for c in compute]
+    keeps = [c > w for c, w in zip(cs, warmup)]
+    counts = [int(k.sum()) for k in keeps]  # points each size keeps after its warm-up cut
+    xv, rv = np.repeat(x - x_ref, counts), np.repeat(np.asarray(r0, np.float64), counts)
+    yv = np.concatenate([np.asarray(y, np.float64)[k] for y, k in zip(score, keeps)])
+    lc = np.log(np.concatenate([c[k] for c, k in zip(cs, keeps)]))
     if len(set(x)) < 2 or len(yv) < 6:
         raise ValueError("a size fit needs at least two model sizes and 6 points after the warm-up cuts")
 
@@ -236,13 +225,13 @@ def fit_size_sigmoid(
         det = np.maximum(uu * vv - uv * uv, 1e-300)
         a0 = (tu * vv - tv * uv) / det
         a1 = (tv * uu - tu * uv) / det
-        a = np.clip(a0[:, None] + a1[:, None] * xv[None, :], rv[None, :], ceiling)
+        a = np.clip(a0[:, None] + a1[:, None] * xv[None, :], rv[None, :], 1.0)
         rss = ((rv[None, :] + (a - rv[None, :]) * s - yv[None, :]) ** 2).sum(1)
         return rss, np.stack([a0, a1], -1)
 
     lo = [np.log(0.1), lc.min() - np.log(100.0), -1.0]
     hi = [np.log(10.0), lc.max() + np.log(1000.0), 3.0]
-    rss, (lb_, c0_, c1_), (a0_, a1_) = zoom_grid_search(evaluate, lo, hi, 25, rounds)
+    rss, (lb_, c0_, c1_), (a0_, a1_) = zoom_grid_search(evaluate, lo, hi, 25, 9)
     return SizeFit(float(a0_), float(a1_), float(np.exp(lb_)), float(c0_), float(c1_), x_ref, rss)
 
 
@@ -255,18 +244,17 @@ def bootstrap_size_fit(
     eval_problems: int = 0,
     resamples: int = 200,
     seed: int = 0,
-    ceiling: float = 1.0,
 ) -> tuple[SizeFit, list[SizeFit]]:
     """The joint fit of every size's mean curve, and `resamples` refits to each size's `resampled_mean`, all
     sizes' draws widened by one sqrt(dof / chi2_dof) per refit (dof: the seeds' degrees of freedom over every
     size), so that the spread of a few seeds' means is not taken as known."""
     means = [np.asarray(s, np.float64).mean(0) for s in seed_scores]
-    full = fit_size_sigmoid(params, compute, means, r0, warmup, ceiling)
+    full = fit_size_sigmoid(params, compute, means, r0, warmup)
     rng = np.random.default_rng(seed)
     dof = sum(len(s) - 1 for s in seed_scores)  # of the seed noise, pooled over sizes
     draws = []
     for _ in range(resamples):
         scale = np.sqrt(dof / rng.chisquare(dof)) if dof else 1.0
         rows = [resampled_mean(np.asarray(s, np.float64), rng, eval_problems, scale) for s in seed_scores]
-        draws.append(fit_size_sigmoid(params, compute, rows, r0, warmup, ceiling))
+        draws.append(fit_size_sigmoid(params, compute, rows, r0, warmup))
     return full, draws

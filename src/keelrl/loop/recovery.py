@@ -26,7 +26,7 @@ from keelrl.guards.engine import Guardian
 from keelrl.models.load import model_summary, save_hf_dir
 from keelrl.models.lora import has_lora, lora_summary, merged_model, save_adapter_dir
 from keelrl.run import checkpoint as ckpt
-from keelrl.run.distributed import all_gather_list, broadcast_object, is_sharded, save_sharded
+from keelrl.run.distributed import all_gather_list, is_sharded, save_sharded
 from keelrl.run.run import CheckpointStop, GuardStop, Run
 from keelrl.run.state import TrainState
 from keelrl.run.supervisor import pulse
@@ -233,14 +233,10 @@ def rollback(run: Run, state: TrainState, trigger: Finding) -> bool:
     if run.saver is not None:
         run.saver.wait()
     collect_saves(run)
-    target = None
-    if run.world.is_writer:
-        for path in ckpt.committed(run.run_dir.checkpoints):
-            manifest_ok = ckpt.verify(path) is None and ckpt.read_manifest(path).get("healthy", True)
-            if manifest_ok and int(ckpt.read_manifest(path)["step"]) < trigger.steps[0]:
-                target = path
-                break
-    target = broadcast_object(target, run.world)  # every rank loads the checkpoint rank 0 chose
+    before_trouble = ckpt.step_dir_name(int(trigger.steps[0]))
+    target = run.on_writer(  # every rank loads the checkpoint rank 0 chose
+        lambda: ckpt.find_resumable(run.run_dir.checkpoints, healthy_only=True, older_than=before_trouble)[0]
+    )
     if target is None:
         return refuse("no healthy checkpoint from before the trouble")
     guards = dict(run.live.guardian.state)

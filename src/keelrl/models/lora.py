@@ -37,7 +37,7 @@ from transformers import PreTrainedModel
 
 from keelrl.config.lora import LoraConfig
 from keelrl.models.load import ModelLoadError, count_parameters
-from keelrl.models.weights import tensors_sha256, untied_state_dict
+from keelrl.models.weights import load_untied, tensors_sha256, untied_state_dict
 
 ADAPTER = "default"  # peft's adapter name; keelrl holds one adapter
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -166,8 +166,6 @@ def merged_model(model: PreTrainedModel) -> PreTrainedModel:
     """A new plain model (the base architecture, no peft layers) holding base + adapters merged: what the final
     export writes. The policy is not changed."""
     from peft.tuners.lora import LoraLayer
-
-    from keelrl.models.weights import load_untied
 
     weights = merged_state_dict(model)
     out = copy.deepcopy(model)

@@ -301,12 +301,9 @@ def diagnose(run: RunData, cfg: GuardsConfig | None = None, now: float | None = 
     return Diagnosis(str(run.path), verdict, findings, headline(run, now), traces, notes)
 
 
-def _fmt(x: Any, spec: str = ".3f") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    return format(x, spec) if isinstance(x, (int, float)) else str(x)
+def _fmt(x: float | None) -> str:
+    """A headline number (a float: nan and inf too) to 3 decimals; None as "-"."""
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _fmt_evidence(ev: dict[str, float]) -> str:

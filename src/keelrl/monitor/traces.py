@@ -111,6 +111,19 @@ def _reason(r: dict[str, Any]) -> str:
     return str(info.get("reason", "unknown"))
 
 
+# The statistics of the traces table, each a mean over rollouts: name -> value of one rollout `r` with text `t`
+STATS: dict[str, Callable[[dict[str, Any], str], float]] = {
+    "reward": lambda r, t: num(r.get("reward")),
+    "correct": lambda r, t: bool(r.get("correct")),
+    "tokens": lambda r, t: num(r.get("completion_tokens"), len(t)),
+    "truncated": lambda r, t: is_truncated(str(r.get("finish_reason"))),
+    "repetitive": lambda r, t: text_repetition(t) > REPETITION_THRESHOLD,
+    "gibberish": lambda r, t: is_gibberish(t),
+    "format_only": lambda r, t: _format_only(r),
+    "verify": lambda r, t: bool(verify_phrases(t)),
+}
+
+
 def _step_rows(rollouts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     by_step: dict[int, list[dict[str, Any]]] = {}
     for r in rollouts:
@@ -118,22 +131,9 @@ def _step_rows(rollouts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for step in sorted(by_step):
         rs = by_step[step]
-        n = len(rs)
         texts = [_text(r) for r in rs]
-        rows.append(
-            {
-                "step": step,
-                "n": n,
-                "reward": sum(num(r.get("reward")) for r in rs) / n,
-                "correct": sum(bool(r.get("correct")) for r in rs) / n,
-                "tokens": sum(num(r.get("completion_tokens"), len(t)) for r, t in zip(rs, texts)) / n,
-                "truncated": sum(is_truncated(str(r.get("finish_reason"))) for r in rs) / n,
-                "repetitive": sum(text_repetition(t) > REPETITION_THRESHOLD for t in texts) / n,
-                "gibberish": sum(is_gibberish(t) for t in texts) / n,
-                "format_only": sum(_format_only(r) for r in rs) / n,
-                "verify": sum(bool(verify_phrases(t)) for t in texts) / n,
-            }
-        )
+        means = {k: sum(stat(r, t) for r, t in zip(rs, texts)) / len(rs) for k, stat in STATS.items()}
+        rows.append({"step": step, "n": len(rs), **means})
     return rows
 
 
@@ -179,8 +179,7 @@ def analyze_traces(rollouts: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _pooled(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The rows' first and last step and each statistic over all their rollouts."""
-    keys = ("reward", "correct", "tokens", "truncated", "repetitive", "gibberish", "format_only", "verify")
-    return {"steps": [rows[0]["step"], rows[-1]["step"]], **{k: _pool(rows, k) for k in keys}}
+    return {"steps": [rows[0]["step"], rows[-1]["step"]], **{k: _pool(rows, k) for k in STATS}}
 
 
 def _of_steps(rollouts: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ target-blind habit.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import random
@@ -287,7 +288,8 @@ def run_demo(
     problems = [task.problem("test", i) for i in range(EVAL_PROBLEMS)]
     chance = chance_accuracy(problems)
     console.rule("[bold]2/4 evaluating the base model[/]")
-    base_report = _evaluate(console, base_path, task, template, rl["rollout"]["max_new_tokens"], seed)
+    max_new_tokens = rl["rollout"]["max_new_tokens"]
+    base_report = evaluate_path(console, base_path, task, template, max_new_tokens, EVAL_PROBLEMS, seed)
 
     console.rule(
         f"[bold]3/4 RL[/] ({rl['train']['steps']} steps of {rl['algo']['advantage']}, run dir {out / 'rl'})"
@@ -296,21 +298,22 @@ def run_demo(
     summary_rl = train(cfg, out / "rl", resume="never" if not (out / "rl").exists() else "auto")
 
     console.rule("[bold]4/4 evaluating the final model[/]")
-    final_report = _evaluate(
-        console, str(out / "rl" / "final"), task, template, rl["rollout"]["max_new_tokens"], seed
+    final_report = evaluate_path(
+        console, str(out / "rl" / "final"), task, template, max_new_tokens, EVAL_PROBLEMS, seed
     )
     return _summarize(console, out, seed, chance, base_report, final_report, summary_rl, t_start)
 
 
-def _evaluate(
-    console: Any, model_path: str, task: Countdown, template: str, max_new_tokens: int, seed: int
+def evaluate_path(
+    console: Any, model_path: str, task: Any, template: str, max_new_tokens: int, problems: int, seed: int
 ) -> Any:
+    """`evaluate_policy` of the model at `model_path` (loaded as `model.path` would be)."""
     from keelrl.config import ModelConfig
     from keelrl.models.load import load_policy
 
     policy, tokenizer = load_policy(ModelConfig(path=model_path))
     return evaluate_policy(
-        console, policy, tokenizer, task, template, max_new_tokens, EVAL_PROBLEMS, seed, model_path
+        console, policy, tokenizer, task, template, max_new_tokens, problems, seed, model_path
     )
 
 
@@ -325,12 +328,14 @@ def evaluate_policy(
     seed: int,
     name: str,
 ) -> Any:
-    """Greedy eval of `policy` on the first `problems` held-out problems with keelrl's sampler, a progress bar."""
+    """Greedy eval of `policy` on the first `problems` held-out problems with keelrl's sampler, with a progress
+    bar on `console` (None: no bar)."""
     from keelrl.evals import evaluate
     from keelrl.monitor.sinks import ProgressBar
     from keelrl.rollout import make_sampler
 
-    with ProgressBar(console, "eval", problems) as advance:
+    bar = contextlib.nullcontext() if console is None else ProgressBar(console, "eval", problems)
+    with bar as advance:
         return evaluate(
             make_sampler(None, policy, tokenizer),
             tokenizer,

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from keelrl.config import TinyModelConfig
-from keelrl.recipes.demo import demo_rl_config, pretrain
+from keelrl.recipes.demo import demo_rl_config, evaluate_path, pretrain
 from keelrl.tasks.countdown_search import CORPUS_MIX, packed_corpus_text
 
 # Countdown with three numbers from 1..20 and targets up to 100 (the 4-number variant: `task_params(4)`).
@@ -85,13 +85,11 @@ class SearchPlan:
         """This plan with pretraining and RL steps scaled by minutes / PLAN_MINUTES (what the default plan took)."""
         s = minutes / PLAN_MINUTES
         rl_steps = max(4, round(self.rl_steps * s))
-        return SearchPlan(
-            **{
-                **asdict(self),
-                "pretrain_steps": max(50, round(self.pretrain_steps * s)),
-                "rl_steps": rl_steps,
-                "eval_every": max(2, min(self.eval_every, rl_steps // 3)),
-            }
+        return replace(
+            self,
+            pretrain_steps=max(50, round(self.pretrain_steps * s)),
+            rl_steps=rl_steps,
+            eval_every=max(2, min(self.eval_every, rl_steps // 3)),
         )
 
 
@@ -125,23 +123,7 @@ def search_rl_config(
 def evaluate_search(model_path: str, task: Any, plan: SearchPlan, seed: int) -> Any:
     """Greedy eval of `model_path` on the first `plan.eval_problems` test problems; the EvalReport's records
     carry each completion's behaviour numbers (evaluate.run_eval reads `task.behaviour`)."""
-    from keelrl.config import ModelConfig
-    from keelrl.evals import evaluate
-    from keelrl.models.load import load_policy
-    from keelrl.rollout import make_sampler
-
-    policy, tokenizer = load_policy(ModelConfig(path=model_path))
-    return evaluate(
-        make_sampler(None, policy, tokenizer),
-        tokenizer,
-        task,
-        "compact",
-        plan.eval_problems,
-        max_new_tokens=plan.max_new_tokens,
-        seed=seed,
-        batch_size=128,
-        meta={"model": model_path},
-    )
+    return evaluate_path(None, model_path, task, "compact", plan.max_new_tokens, plan.eval_problems, seed)
 
 
 def pretrain_search_model(

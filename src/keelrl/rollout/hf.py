@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 from keelrl.algo.logprobs import Autocast, autocast_context, select_cache_rows, supports_prefix_sharing
 from keelrl.models.load import pad_token_id
 from keelrl.models.weights import NamedTensors, load_untied, owns
-from keelrl.rollout.types import Generation, SamplingSettings
+from keelrl.rollout.types import Generation, SamplingSettings, Versioned
 
 Decode = Literal["auto", "eager", "graph"]
 
@@ -100,7 +100,7 @@ def generation_chunks(prompts: list[list[int]], chunk_size: int) -> list[list[in
     return [order[start : start + size] for start in range(0, len(order), size)]
 
 
-class HFSampler:
+class HFSampler(Versioned):
     """Batched sampling with a KV cache. The per-token loop (the CPU time) does little but the model call:
     - Each distinct prompt is prefilled once (`share_prefix`): a group's G completions of one prompt copy
       its keys/values instead of recomputing them, which removes (G - 1) / G of the prefill.
@@ -132,10 +132,6 @@ class HFSampler:
         self.autocast: Autocast = autocast
         self.on_progress = on_progress if on_progress is not None else lambda: None
         self._version = 0
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
 
     def update_weights(self, weights: NamedTensors, version: int) -> None:
         """Sample with `weights` from now on, tagged `version`. The model's own tensors (the in-process sampler

@@ -68,12 +68,7 @@ class Batch:
 
     def to_dict(self) -> dict[str, Any]:
         assert self.rollouts is not None, "only sampled batches are saved"
-        return {
-            "step": self.step,
-            "version": self.version,
-            "episodes": [asdict(e) for e in self.episodes],
-            "rollouts": [asdict(r) for r in self.rollouts],
-        }
+        return asdict(self)  # the episodes and rollouts as plain dicts too
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Batch:

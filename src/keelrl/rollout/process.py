@@ -24,7 +24,7 @@ import torch
 import torch.multiprocessing as mp
 
 from keelrl.models.weights import untied_state_dict
-from keelrl.rollout.types import Generation, ReplacementCount, SamplingSettings
+from keelrl.rollout.types import Generation, ReplacementCount, SamplingSettings, Versioned
 
 if TYPE_CHECKING:
     from keelrl.config import Config
@@ -85,7 +85,7 @@ def _serve(conn: Any, cfg: Config, threads: int) -> None:
             conn.send(("error", f"{type(err).__name__}: {err}"))
 
 
-class ProcessSampler(ReplacementCount):
+class ProcessSampler(ReplacementCount, Versioned):
     """A `Sampler` in a child process (see the module docstring). `threads`: the child's torch threads;
     `on_progress` is called while the child decodes (about once a second), as `HFSampler`'s is per step."""
 
@@ -107,10 +107,6 @@ class ProcessSampler(ReplacementCount):
         reply = self._wait(START_TIMEOUT_S, "starting")
         if reply[0] != "ready":
             raise SamplerProcessError(f"the sampling process did not start: {reply}")
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
 
     @property
     def engine_pid(self) -> int | None:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from keelrl.config import Config, ConfigError, ModelConfig
-from keelrl.rollout.types import ReplacementCount
+from keelrl.rollout.types import ReplacementCount, Versioned
 from keelrl.tasks import Task
 from keelrl.tasks.base import Score, score_safely
 
@@ -221,15 +221,12 @@ class ActorPool(ReplacementCount):
         not this call, so update what `prepare` reads first."""
         ray = import_ray()
         lost_actor = lost_actor_errors(ray)
-        refs = [
-            (slot, actor, getattr(actor, method).remote(*args)) for slot, actor in enumerate(self.handles)
-        ]
-        for slot, actor, ref in refs:
+        refs = [getattr(actor, method).remote(*args) for actor in self.handles]
+        for slot, ref in enumerate(refs):
             try:
                 ray.get(ref)
             except lost_actor:
-                if self.handles[slot] is actor:
-                    self._replace(slot)
+                self._replace(slot)  # one call per actor: none other can have replaced it (unlike `run`)
 
     def ask_each(self, method: str, *args: Any) -> list[Any]:
         """`actor.<method>(*args)` on every actor, results in actor order. An actor that died is replaced
@@ -405,7 +402,7 @@ class VLLMSamplingWorker(SamplingWorker):
         return self.sampler.take_replaced()
 
 
-class SamplerPool:
+class SamplerPool(Versioned):
     """`workers` Ray actors generating with the policy's weights; a `Sampler` (see the module docstring)."""
 
     def __init__(
@@ -457,10 +454,6 @@ class SamplerPool:
             on_progress=on_progress,
             start_timeout_s=start_timeout_s,
         )
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
 
     def _prepare(self, actor: Any) -> None:
         if self._weights is not None:
@@ -519,12 +512,9 @@ class SamplerPool:
             ([prompts[i] for i in rows], settings, [seeds[i] for i in rows], self._version) for rows in chunks
         ]
         results = self.actors.run("generate", work, labels)
-        out: list[Generation | None] = [None] * len(prompts)
-        for rows, gens in zip(chunks, results):
-            for i, gen in zip(rows, gens, strict=True):
-                out[i] = gen
-        assert all(g is not None for g in out)
-        return out  # type: ignore[return-value]
+        by_row = {i: gen for rows, gens in zip(chunks, results) for i, gen in zip(rows, gens, strict=True)}
+        assert len(by_row) == len(prompts)
+        return [by_row[i] for i in range(len(prompts))]
 
     def shutdown(self) -> None:
         """Stop the actors (and keelrl's own Ray when no other pool uses it)."""

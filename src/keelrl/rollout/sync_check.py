@@ -14,7 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel
+
+from keelrl.algo.logprobs import logprobs_from_logits
 
 
 @dataclass(frozen=True)
@@ -42,15 +45,12 @@ def trainer_logprobs(
     if not any(completions):
         return [[] for _ in rows]
     device = next(model.parameters()).device
-    ids = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)  # [B, L]
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+    ids = pad_sequence([torch.tensor(r) for r in rows], batch_first=True)  # [B, L], zeros after each row
+    mask = pad_sequence([torch.ones(len(r), dtype=torch.long) for r in rows], batch_first=True)
     with torch.no_grad():
         logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()  # [B, L, V]
     out = []
     for i, (p, c) in enumerate(zip(prompts, completions)):
         scored = logits[i, len(p) - 1 : len(p) - 1 + len(c)]  # [N, V]: position t predicts token t + 1
-        logp = torch.log_softmax(scored / (temperature or 1.0), dim=-1)
-        out.append(logp.gather(-1, torch.tensor(c, device=device)[:, None]).squeeze(-1).tolist())
+        out.append(logprobs_from_logits(scored, torch.tensor(c, device=device), temperature).tolist())
     return out

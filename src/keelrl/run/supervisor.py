@@ -49,7 +49,7 @@ from typing import Any
 
 from keelrl.config import SupervisorConfig
 from keelrl.core.procs import die_with_parent
-from keelrl.monitor.run_dir import HEARTBEAT_FILE, RunDir, atomic_write_text
+from keelrl.monitor.run_dir import HEARTBEAT_FILE, RunDir, atomic_write_text, read_json
 from keelrl.monitor.run_lock import hold
 from keelrl.monitor.sinks import Terminal
 
@@ -99,10 +99,7 @@ def pulse(**fields: Any) -> None:
 
 
 def read_heartbeat(run_path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_path / HEARTBEAT_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    return read_json(run_path / HEARTBEAT_FILE)
 
 
 @dataclass
@@ -180,10 +177,8 @@ class Supervisor:
             self._kill_worker()
 
     def _loop(self) -> int:
-        first = True
         while True:
-            attempt = self._start(resume_auto=not first)
-            first = False
+            attempt = self._start(resume_auto=bool(self.attempts))  # every attempt after the first resumes
             cause = self._watch(attempt)
             hb = read_heartbeat(self.run_dir.path) or {}
             attempt.end_step = hb.get("step")
@@ -203,7 +198,9 @@ class Supervisor:
                 self._status(state="failed", reason=verdict)
                 self.say(f"keelrl supervisor: {verdict}", err=True)
                 return 1
-            delay = min(60.0, self.cfg.backoff_s * 2 ** max(0, self._consecutive_failures() - 1))
+            # doubles with each failure still within the restart window (_should_restart dropped the older
+            # ones): a crash after a long healthy stretch starts the backoff over
+            delay = min(60.0, self.cfg.backoff_s * 2 ** len(self.restart_times))
             restored = self._restore_step()
             lost = max(0, (attempt.end_step or 0) - (restored or 0))
             self.restarts += 1
@@ -331,15 +328,10 @@ class Supervisor:
     def _restore_step(self) -> int | None:
         """Step of the newest committed checkpoint (the worker verifies it; a bad one costs more steps)."""
         for path in sorted(self.run_dir.checkpoints.glob("step_*"), reverse=True):
-            try:
-                return int(json.loads((path / "manifest.json").read_text())["step"])
-            except (FileNotFoundError, json.JSONDecodeError, KeyError):
-                continue
+            manifest = read_json(path / "manifest.json") or {}
+            if "step" in manifest:
+                return int(manifest["step"])
         return None
-
-    def _consecutive_failures(self) -> int:
-        """Failures within the restart window (a crash after a long healthy stretch starts the backoff over)."""
-        return len(self.restart_times) + 1
 
     def _should_restart(self, attempt: Attempt) -> str | None:
         now = time.time()

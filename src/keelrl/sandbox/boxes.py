@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Literal
 
 from keelrl.sandbox.config import SandboxConfig
-from keelrl.sandbox.isolation import SAFE_PATH, bwrap_root, interpreter
+from keelrl.sandbox.isolation import SAFE_PATH, bwrap_command, interpreter
 from keelrl.sandbox.isolation import warn_once as _warn_once
 
 logger = logging.getLogger("keelrl.sandbox")
@@ -75,9 +75,8 @@ BASE_ENV = {  # a bwrap box's environment (a container keeps its image's)
 Backend = Literal["container", "bwrap"]
 
 
-def warn_once(key: str, message: str) -> None:
-    """Said once per process, in the log: what a backend does not apply (not a SandboxWarning: nothing is less safe)."""
-    _warn_once(key, message, loud=False)
+# Said once per process, in the log: what a backend does not apply (not a SandboxWarning: nothing is less safe).
+warn_once = functools.partial(_warn_once, loud=False)
 
 
 class BoxError(RuntimeError):
@@ -120,9 +119,8 @@ class BoxSpec:
     storage_mb: int = 10240
     env: tuple[tuple[str, str], ...] = ()
     build_timeout_s: float = 600.0
-    ready: tuple[str, float] | None = (
-        None  # a command that passes once the box is ready, and how long to wait (s)
-    )
+    # a command that passes once the box is ready, and how long to wait (s)
+    ready: tuple[str, float] | None = None
 
 
 def run_capped(
@@ -168,6 +166,11 @@ def run_capped(
     proc.stdout.close()
     proc.stderr.close()
     return Ran(code, bytes(bufs[0]), bytes(bufs[1]), time.perf_counter() - t0)
+
+
+def in_time(timeout: float, script: str) -> list[str]:
+    """`bash -c script` under `timeout -k 5` in the box (the first of a command's two time limits, see above)."""
+    return ["timeout", "-k", "5", f"{timeout:g}", "bash", "-c", script]
 
 
 def tree_digest(root: Path) -> str:
@@ -326,8 +329,8 @@ class ContainerBox:
         flags += [a for k, v in {**self.env, **(env or {})}.items() for a in ("-e", f"{k}={v}")]  # fmt: skip
         wd = shlex.quote(workdir or self.workdir)  # made here if the image lacks it (exec -w would fail)
         script = f"mkdir -p {wd} && cd {wd} || exit 126\n{command}"
-        return self.rt("exec", *flags, self.id, "timeout", "-k", "5", f"{timeout:g}", "bash", "-c", script,
-                       stdin=stdin, timeout=timeout + 10, check=False)  # fmt: skip
+        argv = [*flags, self.id, *in_time(timeout, script)]
+        return self.rt("exec", *argv, stdin=stdin, timeout=timeout + 10, check=False)
 
     def upload(self, src: Path, dest: str) -> None:
         data = io.BytesIO()
@@ -387,22 +390,11 @@ class BwrapBox:
              stdin: bytes | None = None, workdir: str | None = None) -> Ran:  # fmt: skip
         if user not in (None, "root", "0"):
             warn_once(f"bwrap-user-{user}", f"bwrap boxes run every command as root, not as {user}")
-        argv = ["bwrap", "--unshare-all", *(["--share-net"] if self.connected else []), "--cap-drop", "ALL",
-                "--die-with-parent", "--new-session", *bwrap_root(interpreter(), ("/etc/shadow", "/etc/gshadow")),
-                "--tmpfs", "/tmp"]  # fmt: skip
+        flags = ["--unshare-all", *(["--share-net"] if self.connected else []), "--cap-drop", "ALL"]
+        argv = bwrap_command(interpreter(), ("/etc/shadow", "/etc/gshadow"), flags)
         for inside, outside in self.mounts.items():
             argv += ["--bind", str(outside), inside]
-        argv += [
-            "--chdir",
-            workdir or self.workdir,
-            "timeout",
-            "-k",
-            "5",
-            f"{timeout:g}",
-            "bash",
-            "-c",
-            command,
-        ]
+        argv += ["--chdir", workdir or self.workdir, *in_time(timeout, command)]
         net = network_env() if self.connected else {}
         full = {**BASE_ENV, "HOME": "/tmp", **self.env, **net, **(env or {})}
         return run_capped(argv, stdin=stdin, timeout=timeout + 10, env=full)
@@ -424,9 +416,7 @@ class BwrapBox:
 Box = ContainerBox | BwrapBox
 
 
-@functools.cache
-def _runtime(choice: str) -> Runtime | None:
-    return find_runtime(choice)
+_runtime = functools.cache(find_runtime)  # one `info` probe per choice and process
 
 
 def backend_for(sandbox: SandboxConfig) -> tuple[Backend, Runtime | None]:

@@ -170,13 +170,8 @@ def _child(job, record, emit, libc, resource):
             (R.RLIMIT_AS, lim["memory_bytes"], lim["memory_bytes"]),
         ):
             R.setrlimit(which, (soft, hard))
-        uid = job["uid"]
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            if os.getuid() != uid or os.geteuid() != uid:
-                raise RuntimeError("could not drop privileges")
+        if job["uid"] is not None and not _become(job["uid"]):
+            raise RuntimeError("could not drop privileges")
         if libc is not None:  # bwrap does both itself
             if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
                 raise OSError("prctl(PR_SET_NO_NEW_PRIVS) failed")
@@ -188,6 +183,14 @@ def _child(job, record, emit, libc, resource):
         record("fault", "limits: %s: %s" % (type(err).__name__, err))
         os._exit(70)
     _run(job, record, emit)
+
+
+def _become(uid):
+    """Drop this process to `uid` (no supplementary groups, gid = uid); True when it now runs as that uid."""
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    return os.getuid() == uid and os.geteuid() == uid
 
 
 def _encoder():
@@ -298,10 +301,7 @@ def _cleanup(level, uid, time):
         killer = os.fork()
         if killer == 0:
             try:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-                if os.getuid() == uid and os.geteuid() == uid:
+                if _become(uid):
                     os.kill(-1, SIGKILL)  # one pass reaches all: forks racing it fail (SIGKILL pending)
                     os.kill(-1, SIGKILL)
             except ProcessLookupError:

@@ -3,6 +3,7 @@ machine (`probe`, `detect_isolation`), and the host-side pieces they need (inter
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import logging
@@ -90,11 +91,9 @@ class _UidLease:
         lock_dir = Path(tempfile.gettempdir()) / "keelrl-sandbox-uids"
         lock_dir.mkdir(mode=0o700, exist_ok=True)
         for uid in range(UID_BASE, UID_BASE + UID_RANGE):
-            try:
+            with contextlib.suppress(KeyError):
                 pwd.getpwuid(uid)
                 continue  # a real account: never borrow it
-            except KeyError:
-                pass
             fd = os.open(lock_dir / str(uid), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -191,39 +190,29 @@ def hidden_in(layout: list[tuple[str, str | None]], hide: Sequence[str]) -> list
 
 def _bwrap(lim: SandboxLimits, python: str, hide: Sequence[str]) -> list[str]:
     namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-    args = [
-        "bwrap",
-        *namespaces,
-        *([] if _is_root() else ["--unshare-user"]),
-        "--die-with-parent",
-        "--new-session",
-        *bwrap_root(python, hide),
-    ]
-    if _bwrap_supports_size():
-        args += ["--size", str(lim.tmp_mb << 20)]
-    return [*args, "--tmpfs", "/tmp", "--chdir", "/", "--"]
+    namespaces += [] if _is_root() else ["--unshare-user"]
+    return [*bwrap_command(python, hide, namespaces, lim.tmp_mb << 20), "--chdir", "/", "--"]
 
 
-def bwrap_root(python: str, hide: Sequence[str]) -> list[str]:
-    """bwrap's arguments for the sandbox's root (`root_layout`, read-only; a minimal /dev, a private /proc) with
-    the paths of `hide` covered; shared by the code sandbox and the episode boxes (sandbox/boxes.py)."""
-    args: list[str] = []
+def bwrap_command(
+    python: str, hide: Sequence[str], flags: Sequence[str], tmp_bytes: int | None = None
+) -> list[str]:
+    """`bwrap` with `flags` (its namespaces), dying with its parent, in a new session, over the sandbox's root
+    (`root_layout`, read-only; a minimal /dev, a private /proc, a tmpfs on /tmp of `tmp_bytes` where bwrap can
+    size it) with the paths of `hide` covered; shared by the code sandbox and the episode boxes (sandbox/boxes.py)."""
+    args = ["bwrap", *flags, "--die-with-parent", "--new-session"]
     layout = root_layout(python)
     for path, link in layout:
-        parents = Path(path).parents
-        for parent in reversed(
-            parents[: len(parents) - 1]
-        ):  # traversable by the sandbox uid (not /root's 0700)
+        for parent in reversed(Path(path).parents[:-1]):  # traversable by the sandbox uid (not /root's 0700)
             args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--symlink", link, path] if link is not None else ["--ro-bind", path, path]
     args += ["--dev", "/dev", "--proc", "/proc"]
     for path in hidden_in(layout, hide):
-        args += (
-            ["--tmpfs", path, "--remount-ro", path]
-            if os.path.isdir(path)
-            else ["--ro-bind", "/dev/null", path]
-        )
-    return args
+        empty_dir = ["--tmpfs", path, "--remount-ro", path]
+        args += empty_dir if os.path.isdir(path) else ["--ro-bind", "/dev/null", path]
+    if tmp_bytes is not None and _bwrap_supports_size():
+        args += ["--size", str(tmp_bytes)]
+    return [*args, "--tmpfs", "/tmp"]
 
 
 def _unshare(lim: SandboxLimits, python: str, hide: Sequence[str]) -> list[str]:

@@ -115,19 +115,17 @@ def passes(case: Case, answer: Answer | None) -> bool:
     return same(case["expected"], got)
 
 
+SHOWN = {"value": "returned ", "raised": "raised ", "invalid": "invalid: "}  # an answer's kind in a verdict
+
+
 def _shown(answer: Answer | None) -> str:
-    if answer is None:
-        return "no answer"
-    return {"value": "returned ", "raised": "raised ", "invalid": "invalid: "}[answer.kind] + answer.text[
-        :120
-    ]
+    return "no answer" if answer is None else SHOWN[answer.kind] + answer.text[:120]
 
 
 def judge(cases: Sequence[Case], result: ExecResult, entry_point: str) -> Verdict:
     """The verdict on one execution of `calls_of(cases)`."""
-    flags = [passes(c, a) for c, a in zip(cases, result.answers)] + [False] * (
-        len(cases) - len(result.answers)
-    )
+    answers = [result.answers[i] if i < len(result.answers) else None for i in range(len(cases))]
+    flags = [passes(c, a) for c, a in zip(cases, answers)]
     passed = sum(flags)
     if result.status != "ok":
         return Verdict(passed, len(cases), result.status, result.detail)
@@ -138,6 +136,5 @@ def judge(cases: Sequence[Case], result: ExecResult, entry_point: str) -> Verdic
     want = (
         f"raises {case['raises']}" if "raises" in case else f"expected {json.dumps(case['expected'])[:120]}"
     )
-    answer = result.answers[i] if i < len(result.answers) else None
-    detail = f"case {i} `{entry_point}({case['args'][:100]})`: {want}, {_shown(answer)}"
+    detail = f"case {i} `{entry_point}({case['args'][:100]})`: {want}, {_shown(answers[i])}"
     return Verdict(passed, len(cases), "wrong_answer", detail)

@@ -6,6 +6,7 @@ judge's (judge.py), outside the sandbox."""
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -70,7 +71,7 @@ class SandboxLimits:
     @property
     def cpu_seconds(self) -> int:
         """RLIMIT_CPU takes whole seconds."""
-        return max(1, int(-(-(self.cpu_s if self.cpu_s is not None else self.wall_s) // 1)))
+        return max(1, math.ceil(self.cpu_s if self.cpu_s is not None else self.wall_s))
 
 
 @dataclass(frozen=True)
@@ -140,11 +141,20 @@ def _excerpt(data: bytes, limit: int) -> str:
 _SIGNAMES = {int(s): s.name for s in signal.Signals}
 
 
-def _parse_answers(lines: list[str], n: int) -> dict[int, Answer]:
-    """`answer <i> <kind> <payload>` and `args <i> <json>` records -> the first answer per call index."""
+def _records(nonce: str, res: bytes, n: int) -> tuple[dict[str, str], dict[int, Answer]]:
+    """The lines that carry the nonce -> the first text of each kind of record (start, fault, exit, done...),
+    and from `answer <i> <kind> <payload>` and `args <i> <json>` records the first answer per call index."""
+    tag = nonce + " "
+    first: dict[str, str] = {}
     answers: dict[int, Answer] = {}
     args_after: dict[int, str] = {}
-    for kind, text in lines:
+    for raw in res.decode("utf-8", "replace").split("\n"):
+        if not raw.startswith(tag):
+            continue
+        kind, _, text = raw[len(tag) :].partition(" ")
+        if kind not in ("answer", "args"):
+            first.setdefault(kind, text)
+            continue
         idx, _, rest = text.partition(" ")
         if not (idx.isdigit() and int(idx) < n):
             continue
@@ -161,7 +171,7 @@ def _parse_answers(lines: list[str], n: int) -> dict[int, Answer]:
             answers[i] = Answer("raised", message or classes[0], classes)
         else:
             answers[i] = Answer(how, payload)  # type: ignore[arg-type]
-    return {i: replace(a, args_after=args_after.get(i)) for i, a in answers.items()}
+    return first, {i: replace(a, args_after=args_after.get(i)) for i, a in answers.items()}
 
 
 def interpret(
@@ -178,18 +188,7 @@ def interpret(
     launcher_rc: int | None,
 ) -> ExecResult:
     """Turn the nonce'd records into an ExecResult (see the package docstring for the results channel)."""
-    tag = nonce + " "
-    first: dict[str, str] = {}
-    per_call: list[tuple[str, str]] = []
-    for raw in res.decode("utf-8", "replace").split("\n"):
-        if not raw.startswith(tag):
-            continue
-        kind, _, text = raw[len(tag) :].partition(" ")
-        if kind in ("answer", "args"):
-            per_call.append((kind, text))
-        else:
-            first.setdefault(kind, text)
-    found = _parse_answers(per_call, calls)
+    first, found = _records(nonce, res, calls)
     answers = tuple(found.get(i) for i in range(calls))
     cpu = None
     exit_sig = exit_code = None

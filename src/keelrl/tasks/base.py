@@ -114,17 +114,13 @@ def task_buckets(task: Task) -> list[str] | None:
     return list(task.buckets()) if isinstance(task, BucketedTask) else None
 
 
-def unknown_bucket(task_name: str, bucket: str, buckets: list[str]) -> ValueError:
-    return ValueError(
-        f"task {task_name}: no difficulty bucket {bucket!r}; its buckets are {', '.join(buckets)}"
-    )
-
-
 def check_bucket(task: Any, bucket: str) -> None:
-    """`problem_in`'s first check: `bucket` is one of `task.buckets()`, else `unknown_bucket`'s ValueError."""
+    """`problem_in`'s first check: `bucket` is one of `task.buckets()`, else a ValueError naming them."""
     buckets = task.buckets()
     if bucket not in buckets:
-        raise unknown_bucket(task.name, bucket, buckets)
+        raise ValueError(
+            f"task {task.name}: no difficulty bucket {bucket!r}; its buckets are {', '.join(buckets)}"
+        )
 
 
 def score_batch(task: Task, problems: list[dict[str, Any]], completions: list[str]) -> list[Score]:
@@ -217,6 +213,13 @@ SYSTEM_QWEN_INSTRUCT = (
 )
 THINK_PREFIX = "Let me solve this step by step.\n<think>"
 ANSWER_PREFIX = "<answer>"  # the assistant turn's first words in answer-only templates
+
+
+def instruct_prompt(template: Template, user: str, think: bool = False) -> Prompt:
+    """A base or chat template's prompt: the chat system turn for "chat", else the base preamble; the assistant
+    turn opens at THINK_PREFIX with `think` (reasoning in <think> tags first), else at ANSWER_PREFIX."""
+    system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
+    return Prompt(system, user, THINK_PREFIX if think else ANSWER_PREFIX)
 
 
 def last_answer(text: str, line_answer: bool = False) -> str | None:

@@ -28,9 +28,6 @@ from pydantic import Field
 
 from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
-    ANSWER_PREFIX,
-    SYSTEM_BASE,
-    SYSTEM_CHAT,
     Prompt,
     Score,
     Split,
@@ -38,6 +35,7 @@ from keelrl.tasks.base import (
     Template,
     check_bucket,
     in_test_split,
+    instruct_prompt,
     last_answer,
 )
 
@@ -105,8 +103,7 @@ class Cipher:
         word = problem["word"]
         if template == "compact":
             return Prompt("", f"{word} ->", "")
-        system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
-        return Prompt(system, USER_TEXT.format(word=word), ANSWER_PREFIX)
+        return instruct_prompt(template, USER_TEXT.format(word=word))
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         answer = last_answer(completion)

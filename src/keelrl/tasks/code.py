@@ -123,6 +123,15 @@ def _field_error(where: str, field: str, message: str) -> TaskError:
     return TaskError(f"{where}: field `{field}`: {message}")
 
 
+def _syntax_error(source: str, field: str, mode: str = "exec") -> SyntaxError | None:
+    """Why `source` does not compile (None when it does), named `<field>`."""
+    try:
+        compile(source, f"<{field}>", mode, dont_inherit=True)
+    except SyntaxError as err:
+        return err
+    return None
+
+
 def validate_problem(obj: Any, where: str) -> dict[str, Any]:
     """Check one problem dict; `where` (e.g. 'problems.jsonl line 3') starts every error message."""
     if not isinstance(obj, dict):
@@ -145,13 +154,8 @@ def validate_problem(obj: Any, where: str) -> dict[str, Any]:
     if not obj["tests"]:
         raise _field_error(where, "tests", "needs at least one test")
     tests = [_case(test, obj["entry_point"], where, f"tests[{i}]") for i, test in enumerate(obj["tests"])]
-    if "reference" in obj:
-        try:
-            compile(obj["reference"], "<reference>", "exec", dont_inherit=True)
-        except SyntaxError as err:
-            raise _field_error(
-                where, "reference", f"is not valid Python: {err.msg} (line {err.lineno})"
-            ) from None
+    if "reference" in obj and (err := _syntax_error(obj["reference"], "reference")):
+        raise _field_error(where, "reference", f"is not valid Python: {err.msg} (line {err.lineno})")
     return {**obj, "tests": tests}
 
 
@@ -165,10 +169,8 @@ CASE_HELP = (
 def _case(test: Any, entry: str, where: str, field: str) -> Case:
     """A test as a validated case: a case dict, or an `assert entry(...) == literal` statement."""
     if isinstance(test, str):
-        try:
-            compile(test, f"<{field}>", "exec", dont_inherit=True)
-        except SyntaxError as err:
-            raise _field_error(where, field, f"is not valid Python: {err.msg} ({test[:80]!r})") from None
+        if err := _syntax_error(test, field):
+            raise _field_error(where, field, f"is not valid Python: {err.msg} ({test[:80]!r})")
         case = case_from_assert(test, entry)
         if case is None:
             raise _field_error(
@@ -185,13 +187,10 @@ def _case(test: Any, entry: str, where: str, field: str) -> Case:
     problems += [f"`{k}` must be a {CASE_FIELDS[k].__name__}" for k in wrong_type]
     if ("expected" in test) == ("raises" in test):
         problems.append("give exactly one of `expected` and `raises`")
-    if isinstance(test.get("args"), str):
-        try:
-            compile(f"f({test['args']})", f"<{field}>", "eval", dont_inherit=True)
-        except SyntaxError as err:
-            problems.append(f"`args` is not valid Python arguments: {err.msg}")
-    else:
+    if not isinstance(test.get("args"), str):
         problems.append("`args` (a string) is required")
+    elif err := _syntax_error(f"f({test['args']})", field, "eval"):
+        problems.append(f"`args` is not valid Python arguments: {err.msg}")
     raises = getattr(builtins, str(test.get("raises")), None)
     if "raises" in test and not (isinstance(raises, type) and issubclass(raises, BaseException)):
         problems.append(f"`raises` {test['raises']!r} is not a built-in exception class")
@@ -336,8 +335,7 @@ class CodeTask:
 
     def __init__(self, seed: int = 0, sandbox: SandboxConfig | None = None, **params: Any) -> None:
         self.seed, self.sandbox = seed, sandbox_of(sandbox)  # [sandbox] isolation
-        self.params = CodeParams(**params)
-        p = self.params
+        self.params = p = CodeParams(**params)
         path = Path(p.problems_file) if p.problems_file else shipped_problems_path()
         self.problems = load_problems(path)
         self.hide = tuple(sorted({str(path.resolve()), str(shipped_problems_path().resolve())}))

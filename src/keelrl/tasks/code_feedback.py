@@ -13,6 +13,7 @@ The hidden cases' expected values never enter the sandbox or the conversation (k
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import Field
@@ -77,6 +78,4 @@ class CodeFeedback(SameProblems):
         _, hidden = self.split_tests(state.problem)
         submission = state.scratch.get("submission", "")
         score = self.task.score({**state.problem, "tests": hidden}, submission)
-        return Score(
-            score.reward, score.correct, {**score.info, "attempts": state.scratch.get("attempts", 0)}
-        )
+        return replace(score, info={**score.info, "attempts": state.scratch.get("attempts", 0)})

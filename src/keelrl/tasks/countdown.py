@@ -227,11 +227,8 @@ def score_countdown(numbers: list[int], target: int, completion: str, line_answe
     if stated is not None and Fraction(stated) != value:
         return Score(0.1, False, {"formatted": True, "reason": "wrong_stated_value", "answer": answer[:80]})
     if value != target:
-        return Score(
-            0.1,
-            False,
-            {"formatted": True, "reason": "wrong_value", "value": str(value), "answer": answer[:80]},
-        )
+        info = {"formatted": True, "reason": "wrong_value", "value": str(value), "answer": answer[:80]}
+        return Score(0.1, False, info)
     return Score(1.0, True, {"formatted": True, "reason": "correct", "answer": answer[:80]})
 
 

@@ -51,7 +51,7 @@ from fractions import Fraction
 from typing import Any
 
 from keelrl.core.seeds import stable_hash
-from keelrl.tasks.countdown import Countdown, score_countdown
+from keelrl.tasks.countdown import OPERATIONS, Countdown, score_countdown
 
 GIVE_UP = "?"
 
@@ -243,12 +243,6 @@ BEHAVIOUR_KEYS = (
 )
 
 
-def _true_value(a: int, op: str, b: int) -> Fraction | None:
-    if op == "/":
-        return None if b == 0 else Fraction(a, b)
-    return Fraction({"+": a + b, "-": a - b, "*": a * b}[op])
-
-
 def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
     """Search statistics of one completion (pure; any text gives numbers, never an exception):
     correct (the Countdown checker's verdict), found (a final-level step reaches the target with true
@@ -281,8 +275,7 @@ def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
         for m in ops:
             a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
             nodes += 1
-            true = _true_value(a, op, b)
-            ok = true is not None and true == c
+            ok = not (op == "/" and b == 0) and OPERATIONS[op](Fraction(a), b) == c
             errors += not ok
             false_marks += m.group(5) == "!" and c != target
             last_result = c

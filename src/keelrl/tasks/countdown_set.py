@@ -25,14 +25,12 @@ from pydantic import Field
 
 from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
-    ANSWER_PREFIX,
-    SYSTEM_BASE,
-    SYSTEM_CHAT,
     Prompt,
     Score,
     Split,
     Template,
     check_bucket,
+    instruct_prompt,
     last_answer,
 )
 from keelrl.tasks.countdown import Countdown, CountdownParams, score_countdown, solve
@@ -85,14 +83,12 @@ class CountdownSet:
         lines = "\n".join(
             f"{i + 1}. numbers {item['numbers']}, target {item['target']}" for i, item in enumerate(items)
         )
-        system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
-        return Prompt(system, USER_TEXT.format(problems=lines, sep=SEPARATOR), ANSWER_PREFIX)
+        return instruct_prompt(template, USER_TEXT.format(problems=lines, sep=SEPARATOR))
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         items = problem["items"]
-        answer = last_answer(
-            completion, line_answer=True
-        )  # an answer left open at the end of its line counts
+        # an answer left open at the end of its line counts
+        answer = last_answer(completion, line_answer=True)
         if answer is None:
             return Score(0.0, False, {"formatted": False, "reason": "no_answer", "items_correct": 0})
         parts = answer.split(SEPARATOR)

@@ -50,9 +50,8 @@ class CountdownTools(SameProblems):
         return self.task.reference_answer(problem)
 
     def reset(self, problem: dict[str, Any], seed: int) -> list[Message]:
-        if self.brief:
-            numbers = " ".join(map(str, sorted(problem["numbers"], reverse=True)))
-            return [{"role": "user", "content": f"{numbers} -> {problem['target']}"}]
+        if self.brief:  # Countdown's compact prompt
+            return [{"role": "user", "content": self.task.prompt(problem, "compact").user}]
         user = USER_TEXT.format(numbers=list(problem["numbers"]), target=problem["target"])
         return [{"role": "system", "content": SYSTEM_CHAT}, {"role": "user", "content": user}]
 

@@ -104,9 +104,8 @@ def load_splits(path: str, subset: str = "") -> Any:
     try:
         if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
             ds = datasets.load_from_disk(str(p))
-        elif (
-            files and kind == "csv"
-        ):  # every column as text, as written: "007" stays "007", an empty cell is ""
+        elif files and kind == "csv":
+            # every column as text, as written: "007" stays "007", an empty cell is ""
             import pandas
 
             columns = pandas.read_csv(files[0], nrows=0).columns  # the header (a .gz too)

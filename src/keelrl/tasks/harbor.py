@@ -198,9 +198,8 @@ class HarborTask:
     fingerprint: str  # a digest of every file of the task directory
     meta: dict[str, Any]  # [metadata]
     bucket: str  # its difficulty
-    nets: tuple[
-        bool, bool
-    ]  # the agent's network and the verifier's: each phase's network_mode, else the task's
+    # the agent's network and the verifier's: each phase's network_mode, else the task's
+    nets: tuple[bool, bool]
     agent_timeout: float | None
     agent_user: str | None
 
@@ -273,14 +272,11 @@ def load_task(path: Path) -> HarborTask:
             "environment/Dockerfile (or [environment] docker_image names one)"
         )
     _check_compose(path)
+    dockerfile = env_dir / "Dockerfile"
     try:
         digest = tree_digest(path)
         instruction = (path / "instruction.md").read_text(encoding="utf-8")
-        df = (
-            (env_dir / "Dockerfile").read_text(encoding="utf-8")
-            if (env_dir / "Dockerfile").is_file()
-            else None
-        )
+        df = dockerfile.read_text(encoding="utf-8") if dockerfile.is_file() else None
     except (OSError, UnicodeDecodeError) as err:
         raise TaskDirError(
             f"{path}: cannot read {getattr(err, 'filename', None) or 'a file'}: {err}"

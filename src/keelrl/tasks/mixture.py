@@ -113,18 +113,14 @@ class TaskMixture:
 
     def score_many(self, problems: Sequence[dict[str, Any]], completions: Sequence[str]) -> list[Score]:
         """Score a batch member by member (each member's own batched scorer, e.g. the code sandboxes)."""
-        out: list[Score | None] = [None] * len(problems)
+        out: dict[int, Score] = {}  # problem index -> its score
         by_member: dict[str, list[int]] = {}
         for i, problem in enumerate(problems):
             by_member.setdefault(self.member(problem)[0], []).append(i)
         for label, idx in by_member.items():
-            task = self.members[label]
-            scores = score_batch(
-                task, [self.member(problems[i])[2] for i in idx], [completions[i] for i in idx]
-            )
-            for i, s in zip(idx, scores):
-                out[i] = s
-        return [s for s in out if s is not None]
+            inner = [self.member(problems[i])[2] for i in idx]
+            out.update(zip(idx, score_batch(self.members[label], inner, [completions[i] for i in idx])))
+        return [out[i] for i in sorted(out)]
 
     def difficulty(self, problem: dict[str, Any]) -> str:
         label, task, inner = self.member(problem)

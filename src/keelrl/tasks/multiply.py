@@ -15,10 +15,6 @@ from pydantic import Field, model_validator
 
 from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
-    ANSWER_PREFIX,
-    SYSTEM_BASE,
-    SYSTEM_CHAT,
-    THINK_PREFIX,
     Prompt,
     Score,
     Split,
@@ -26,6 +22,7 @@ from keelrl.tasks.base import (
     Template,
     check_bucket,
     in_test_split,
+    instruct_prompt,
     last_answer,
 )
 
@@ -119,10 +116,8 @@ class Multiply:
         a, b = problem["a"], problem["b"]
         if template == "compact":
             return Prompt("", f"{a}*{b}", "")
-        system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
-        if not self.params.think:
-            return Prompt(system, USER_TEXT_ANSWER_ONLY.format(a=a, b=b), ANSWER_PREFIX)
-        return Prompt(system, USER_TEXT.format(a=a, b=b), THINK_PREFIX)
+        text = USER_TEXT if self.params.think else USER_TEXT_ANSWER_ONLY
+        return instruct_prompt(template, text.format(a=a, b=b), self.params.think)
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         answer = last_answer(completion, line_answer=not self.params.think)

@@ -70,9 +70,6 @@ from keelrl.core.seeds import stable_hash
 from keelrl.tasks.base import (
     ANSWER_PREFIX,
     NON_ASCII_DIGIT,
-    SYSTEM_BASE,
-    SYSTEM_CHAT,
-    THINK_PREFIX,
     Prompt,
     Score,
     Split,
@@ -80,6 +77,7 @@ from keelrl.tasks.base import (
     Template,
     check_bucket,
     in_test_split,
+    instruct_prompt,
     last_answer,
 )
 
@@ -248,10 +246,8 @@ class ReasoningGymTask:
         question = str(problem["question"])
         if template == "compact":
             return Prompt("", question, ANSWER_PREFIX)
-        system = SYSTEM_CHAT if template == "chat" else SYSTEM_BASE
-        if not self.params.think:
-            return Prompt(system, question + USER_SUFFIX_ANSWER_ONLY, ANSWER_PREFIX)
-        return Prompt(system, question + USER_SUFFIX, THINK_PREFIX)
+        suffix = USER_SUFFIX if self.params.think else USER_SUFFIX_ANSWER_ONLY
+        return instruct_prompt(template, question + suffix, self.params.think)
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         found = last_answer(completion)

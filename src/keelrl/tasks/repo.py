@@ -153,15 +153,13 @@ class Workspace:
 
     def read_file(self, path: str) -> str:
         """The file's exact text (no line numbers, so it can be copied into replace_in_file)."""
-        text = self.files[self._existing(path)]
-        return text if text else "(empty file)"
+        return self.files[self._existing(path)] or "(empty file)"
 
     def replace_in_file(self, path: str, old: str, new: str) -> str:
         """Replace the one occurrence of `old` in the file by `new`."""
         p = self._existing(path)
         self._writable(p)
-        text = replace_once(self.files[p], old, new, p)
-        self._put(p, text)
+        self._put(p, replace_once(self.files[p], old, new, p))
         self.edits += 1
         return f"replaced {len(old.splitlines()) or 1} line(s) with {len(new.splitlines())} in {p}"
 
@@ -379,16 +377,17 @@ def run_visible_tests(
     return format_test_report(tests, errors, result)
 
 
+def _shared_prefix(x: Sequence[str], y: Sequence[str]) -> int:
+    """How many items x and y share at their start."""
+    return next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+
+
 def minimal_edit(path: str, before: str, after: str) -> dict[str, str]:
     """A replace_in_file edit turning `before` into `after`: the lines that differ with a line of context
     each side, widened until `old` occurs once in `before` ({"path", "old", "new"})."""
     b, a = before.splitlines(keepends=True), after.splitlines(keepends=True)
-    pre = 0
-    while pre < min(len(b), len(a)) and b[pre] == a[pre]:
-        pre += 1
-    post = 0
-    while post < min(len(b), len(a)) - pre and b[-1 - post] == a[-1 - post]:
-        post += 1
+    pre = _shared_prefix(b, a)
+    post = _shared_prefix(b[pre:][::-1], a[pre:][::-1])
     for ctx in range(1, max(len(b), len(a)) + 1):
         lo = max(0, pre - ctx)
         old = "".join(b[lo : len(b) - max(0, post - ctx)])

@@ -60,7 +60,7 @@ from keelrl.tasks.repo import (
     tool_call_text,
     workspace_tools,
 )
-from keelrl.tasks.tools import run_tool_calls
+from keelrl.tasks.tools import run_tool_calls, used_tools
 
 FAMILIES = tuple(
     "wrong_operator wrong_default wrong_init missing_edge_case off_by_one wrong_variable swapped_arguments".split()
@@ -339,12 +339,9 @@ class _Plan:
     target: tuple[int, int]  # (module index, function index)
     site: tuple[str, str, str]
 
-    def names(self) -> dict[str, str]:
-        return {fn.key: name for _, _, fns in self.modules for fn, name, _ in fns}
-
     def render(self, buggy: bool) -> dict[str, str]:
         """module path -> source (the package only, no tests)."""
-        names = self.names()
+        names = {fn.key: name for _, _, fns in self.modules for fn, name, _ in fns}
         out = {f"{self.package}/__init__.py": f'"""{self.package}: small helper functions."""\n'}
         for m, (module, doc, fns) in enumerate(self.modules):
             parts = []
@@ -388,10 +385,15 @@ def _plan(rng: random.Random, family: str, p: SweMiniParams) -> _Plan:
     return _Plan(rng.choice(PACKAGES), modules, (0, t), site)
 
 
+def _call_args(args: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Arguments as written in a call (literals: no builtins) -> (positional, keyword) values."""
+    return eval(f"_pack({args})", {"__builtins__": {}, "_pack": lambda *a, **k: (a, k)})
+
+
 def _outcome(ns: dict[str, Any], name: str, args: str) -> tuple[str, Any]:
     """What our own generated code gives on args, run here: ('value', JSON data) or ('raised', 'Name: msg')."""
     try:
-        a, kw = eval(f"_pack({args})", {"__builtins__": {}, "_pack": lambda *a, **k: (a, k)})
+        a, kw = _call_args(args)
         value = ns[name](*a, **kw)
         return "value", json.loads(json.dumps(value, allow_nan=False))
     except Exception as err:  # what a buggy variant raises is part of its outcome
@@ -414,7 +416,6 @@ def _build(plan: _Plan, rng: random.Random, family: str) -> dict[str, Any] | Non
     correct, buggy = plan.render(False), plan.render(True)
     files = dict(buggy)
     hidden: list[Case] = []
-    issue: str | None = None
     for m, (module, _, fns) in enumerate(plan.modules):
         path = f"{plan.package}/{module}.py"
         ns_ok, ns_bug = dict[str, Any](), dict[str, Any]()
@@ -430,7 +431,7 @@ def _build(plan: _Plan, rng: random.Random, family: str) -> dict[str, Any] | Non
             rng.shuffle(rows)
             bad = [r for r in rows if _caught(r[1], r[2])]
             shown = [r for r in rows if r not in bad][: rng.randint(1, 2)]
-            if (m, i) == plan.target:
+            if (m, i) == plan.target:  # always reached: it sets issue, target and fix
                 if not bad:
                     return None
                 shown = [bad[0], *shown[:1]]
@@ -441,6 +442,7 @@ def _build(plan: _Plan, rng: random.Random, family: str) -> dict[str, Any] | Non
                     else got[1]
                 )
                 issue = f"tests/test_{module}.py::test_{name}_1 fails:\n    {why}"
+                target, fix = f"{path}::{name}", minimal_edit(path, buggy[path], correct[path])
             tests += [_test_fn(name, k, a, e) for k, (a, e, _) in enumerate(shown, 1)]
             hidden += [
                 {"args": call_case_args(f"{plan.package}.{module}", name, a), "expected": e}
@@ -450,18 +452,15 @@ def _build(plan: _Plan, rng: random.Random, family: str) -> dict[str, Any] | Non
         files[f"tests/test_{module}.py"] = (
             f"from {plan.package}.{module} import {imports}\n\n\n" + "\n\n".join(tests)
         )
-    m, i = plan.target
-    module, _, fns = plan.modules[m]
-    path = f"{plan.package}/{module}.py"
     return {
         "id": repository_id(plan.package, correct),
         "package": plan.package,
         "family": family,
-        "target": f"{path}::{fns[i][1]}",
+        "target": target,
         "files": files,
         "issue": issue,
         "hidden": hidden,
-        "fix": minimal_edit(path, buggy[path], correct[path]),
+        "fix": fix,
     }
 
 
@@ -478,12 +477,8 @@ def generate(
         rng = random.Random(stable_hash("swe_mini", seed, split, family, index, attempt))
         fam = family or rng.choice(FAMILIES)
         plan = _plan(rng, fam, params)
-        if in_test_split(repository_id(plan.package, plan.render(False)), seed, params.test_fraction) != (
-            split == "test"
-        ):
-            continue
-        problem = _build(plan, rng, fam)
-        if problem is not None:
+        held_out = in_test_split(repository_id(plan.package, plan.render(False)), seed, params.test_fraction)
+        if held_out == (split == "test") and (problem := _build(plan, rng, fam)) is not None:
             return problem
     raise RuntimeError(f"swe_mini: no {split} problem for index {index}")  # not reached with sane params
 
@@ -510,8 +505,7 @@ class SweMini:
 
     def __init__(self, seed: int = 0, sandbox: SandboxConfig | None = None, **params: Any) -> None:
         self.seed, self.sandbox = seed, sandbox_of(sandbox)  # [sandbox] isolation
-        self.params = SweMiniParams(**params)
-        p = self.params
+        self.params = p = SweMiniParams(**params)
         self.limits = SandboxLimits(
             wall_s=p.timeout_s, memory_mb=p.memory_mb, processes=p.max_processes, tmp_mb=16
         )
@@ -544,12 +538,10 @@ class SweMini:
             ws = state.scratch["workspace"] = Workspace(state.problem["files"], readonly=readonly)
         return ws
 
-    def run_tests(self, ws: Workspace) -> str:
-        return run_visible_tests(ws.files, self._pool(), self.limits)
-
     def step(self, state: EpisodeState, assistant_turn: str) -> StepResult:
         ws = self.workspace(state)
-        return run_tool_calls(assistant_turn, workspace_tools(ws, lambda: self.run_tests(ws))).step_result()
+        tools = workspace_tools(ws, lambda: run_visible_tests(ws.files, self._pool(), self.limits))
+        return run_tool_calls(assistant_turn, tools).step_result()
 
     def finish(self, state: EpisodeState) -> Score:
         ws = self.workspace(state)
@@ -557,8 +549,7 @@ class SweMini:
         job = sandbox_job(ws.files, CALL_PROGRAM, CALL_ENTRY, calls_of(cases), self.limits)
         result = self._pool().submit(job).result()
         verdict = judge(cases, result, CALL_ENTRY)
-        ran = sum(int(i.get("tool_calls", 0)) - int(i.get("tool_errors", 0)) for i in state.infos)
-        info = verdict.info(ran > 0, edits=ws.edits, family=state.problem["family"])
+        info = verdict.info(used_tools(state.infos), edits=ws.edits, family=state.problem["family"])
         self._failures.observe(result)
         return Score(1.0 if verdict.ok else 0.0, verdict.ok, info)
 

@@ -140,12 +140,10 @@ def judge_log(inst: Instance, ran: Ran, limit: float, formatted: bool) -> Score:
     log = ran.stdout + "\n" + ran.stderr
     got = log_outcomes(log)
     info: dict[str, Any] = {"formatted": formatted, "output": log[-500:]}
-    if ran.timed_out(limit) or (not got and (miss := missing_program(log))):
-        why = (
-            f"the tests ran past {limit:g} s"
-            if ran.timed_out(limit)
-            else f"the tests did not run: `{miss}` is not in the box"
-        )
+    if ran.timed_out(limit):
+        return unscored("verifier_error", "tests_did_not_run", f"the tests ran past {limit:g} s", info)
+    if not got and (miss := missing_program(log)):
+        why = f"the tests did not run: `{miss}` is not in the box"
         return unscored("verifier_error", "tests_did_not_run", why, info)
     f2p = sum(got.get(t) in PASSING for t in inst.FAIL_TO_PASS)
     p2p = sum(got.get(t) in PASSING for t in inst.PASS_TO_PASS)
@@ -288,16 +286,14 @@ for path in sys.argv[1:]:
 
 def _hidden_tests(problem: dict[str, Any]) -> tuple[dict[str, str], list[str], list[str]]:
     """swe_mini's hidden cases as test files (one per module), and which fail on the buggy code (FAIL_TO_PASS)."""
-    from keelrl.tasks.swe_mini import _a, _caught, _outcome
+    from keelrl.tasks.swe_mini import _a, _call_args, _caught, _outcome
 
     files: dict[str, str] = {"tests/keel_runner.py": RUNNER}
     f2p: list[str] = []
     p2p: list[str] = []
     by_module: dict[str, list[tuple[str, str, Any]]] = {}
     for case in problem["hidden"]:
-        (module, fn, *args), kwargs = eval(
-            f"_p({case['args']})", {"__builtins__": {}, "_p": lambda *a, **k: (a, k)}
-        )
+        (module, fn, *args), kwargs = _call_args(case["args"])
         by_module.setdefault(module, []).append((fn, _a(*args, **kwargs), case["expected"]))
     for module, cases in by_module.items():
         ns: dict[str, Any] = {}

@@ -48,7 +48,7 @@ from keelrl.tasks import TaskError
 from keelrl.tasks.base import Score, Split, TaskParams, check_bucket, in_test_split, shuffled_pick, unscored
 from keelrl.tasks.env import EpisodeState, ResetResult, StepResult
 from keelrl.tasks.repo import replace_once
-from keelrl.tasks.tools import OPEN_TAG, Tool, run_tool_calls, tool
+from keelrl.tasks.tools import OPEN_TAG, Tool, run_tool_calls, tool, used_tools
 
 logger = logging.getLogger("keelrl.tasks")
 SYSTEM = (
@@ -204,12 +204,13 @@ def terminal_tools(get: Callable[[], Box] | None, workdir: str, timeout: float, 
 # ------------------------------------------------------------------------------------------ the environment
 
 
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
 def matches(meta: Mapping[str, Any], where: Mapping[str, Any]) -> bool:
-    for key, want in where.items():
-        haves, wants = (v if isinstance(v, list) else [v] for v in (meta.get(key), want))
-        if not any(w in haves for w in wants):
-            return False
-    return True
+    """Whether every key of `where` matches: one of its values (a list, or one value) is one of meta's."""
+    return all(any(w in _listed(meta.get(key)) for w in _listed(want)) for key, want in where.items())
 
 
 class Terminal:
@@ -307,8 +308,7 @@ class Terminal:
             box = self.box(state)
         except BoxError as err:
             return unscored("agent_error", "box_error", str(err))
-        made_calls = any(int(i.get("tool_calls", 0)) > int(i.get("tool_errors", 0)) for i in state.infos)
-        return self.verify(item, box, state.scratch["box_t0"], made_calls)
+        return self.verify(item, box, state.scratch["box_t0"], used_tools(state.infos))
 
     def close(self, state: EpisodeState) -> None:
         box = state.scratch.pop("box", None)
@@ -373,9 +373,8 @@ def validate_set(label: str, digests: Mapping[str, str], oracle: Callable[[str],
         else:
             s = oracle(name)
             rec = {"status": s.status, "reward": s.reward if s.status == "ok" else None, "error": s.info.get("error", "")}  # fmt: skip
-            if (
-                s.status != "agent_error"
-            ):  # a box that did not start says nothing of the task: try it next time
+            # a box that did not start says nothing of the task: try it next time
+            if s.status != "agent_error":
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(rec))
                 tmp.replace(path)

@@ -17,7 +17,7 @@ import functools
 import inspect
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
@@ -38,9 +38,8 @@ class Tool:
     name: str
     fn: Callable[..., Any]
     description: str
-    parameters: dict[
-        str, Any
-    ]  # a JSON schema of an object: {"type": "object", "properties": ..., "required": ...}
+    # a JSON schema of an object: {"type": "object", "properties": ..., "required": ...}
+    parameters: dict[str, Any]
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style function schema chat templates take (`tools=[tool.schema(), ...]`)."""
@@ -170,6 +169,12 @@ def run_tool_calls(text: str, tools: Sequence[Tool]) -> ToolReplies:
             content = content[:MAX_RESULT_CHARS] + f"\n[... {len(content) - MAX_RESULT_CHARS} characters cut]"
         replies.messages.append({"role": "tool", "name": name, "content": content})
     return replies
+
+
+def used_tools(infos: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether some tool call of the episode ran without an error, from its steps' infos (`run_tool_calls`'s
+    counts); the tool-using environments' `formatted`."""
+    return any(int(i.get("tool_calls", 0)) > int(i.get("tool_errors", 0)) for i in infos)
 
 
 def describe_tools(tools: Sequence[Tool]) -> str:

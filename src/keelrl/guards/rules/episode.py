@@ -16,13 +16,12 @@ from keelrl.guards.base import (
     Action,
     Finding,
     Record,
+    Rise,
     RuleThresholds,
-    Severity,
     finding,
     mean_value,
     metric_value,
     span,
-    start_and_now,
     step_of,
     tail,
 )
@@ -81,31 +80,18 @@ class ToolErrorSurgeThresholds(RuleThresholds):
     min_rise: float = Field(0.2, ge=0.0, description="A surge must rise this much above the starting rate.")
 
 
-def tool_error_surge(history: Sequence[Record], t: ToolErrorSurgeThresholds) -> Finding | None:
-    """Most tool calls fail: a rise from the start is a warning or critical; a rate that was high from the
-    start is info (the model never learned the call format)."""
-    if (got := start_and_now(history, "episode/tool_error_rate", t.baseline_steps, t.window)) is None:
-        return None
-    r0, r, cur = got
-    if r < t.warn_rate:
-        return None
-    steps = f"steps {cur[0][0]}-{cur[-1][0]}"
-    if r - r0 < t.min_rise:
-        severity: Severity = "info"
-        msg = f"{r:.0%} of tool calls failed ({steps}), about as many as at the start ({r0:.0%})."
-    else:
-        severity = "critical" if r >= t.critical_rate else "warning"
-        msg = f"Failed tool calls rose from {r0:.0%} to {r:.0%} of calls ({steps})."
-    return finding(
-        "tool_error_surge",
-        severity,
-        span(cur),
-        {"tool_error_rate": r, "start_tool_error_rate": r0},
-        msg,
-        "Read the tool messages in rollouts.jsonl.gz (keelrl report shows transcripts): a changed call format, "
-        "a tool that raises, or a sandbox failing. A policy drifting into malformed calls: lower algo.lr.",
-        t.action,
-    )
+# Most tool calls fail: a rise from the start is a warning or critical; a rate that was high from the start is
+# info (the model never learned the call format).
+tool_error_surge = Rise(
+    name="tool_error_surge",
+    key="episode/tool_error_rate",
+    levels=("warn_rate", "critical_rate"),
+    evidence="tool_error_rate",
+    message="Failed tool calls rose from {start:.0%} to {now:.0%} of calls (steps {first}-{last}).",
+    suggestion="Read the tool messages in rollouts.jsonl.gz (keelrl report shows transcripts): a changed call "
+    "format, a tool that raises, or a sandbox failing. A policy drifting into malformed calls: lower algo.lr.",
+    flat="{now:.0%} of tool calls failed (steps {first}-{last}), about as many as at the start ({start:.0%}).",
+)
 
 
 class TurnBudgetThresholds(RuleThresholds):

@@ -188,6 +188,29 @@ def _is_zero_step(rec: Record) -> bool:
     return loss == 0.0 and metric_value(rec, "grad_norm") == 0.0 and (lr is None or lr > 0)
 
 
+# exact_zero's (message about its `n` steps, suggestion) by severity: critical when rewards vary within groups,
+# a warning when every reward is 0 too, info when every group's rewards are equal.
+ZERO_STEPS: dict[str, tuple[str, str]] = {
+    "critical": (
+        "loss and grad_norm are exactly 0.0 for {n} steps although rewards vary within groups: "
+        "the update is disconnected from the rollouts.",
+        "Check that the trainer's weights reach the sampler, that advantages are not masked away, and that the "
+        "loss is not detached.",
+    ),
+    "warning": (
+        "reward, loss and grad_norm are exactly 0.0 for {n} steps. Either no rollout earns any reward "
+        "(see no_signal) or the pipeline is broken: a failed weight sync once looked exactly like this.",
+        "Read a few rollouts (keelrl doctor prints some): if they are sensible, check the weight sync and the "
+        "scorer; if not, the task is too hard for the policy (task.params, rollout.group_size, rollout.temperature).",
+    ),
+    "info": (
+        "loss and grad_norm are exactly 0.0 for {n} steps because every group's rewards are equal "
+        "(no gradient to follow).",
+        "See no_signal: harder or more varied problems, or a larger rollout.group_size.",
+    ),
+}
+
+
 def exact_zero(history: Sequence[Record], t: ExactZeroThresholds) -> Finding | None:
     """loss and grad_norm exactly 0.0 for `min_steps` training steps in a row (lr > 0), counting the whole
     stretch back to where it began (at most MAX_LOOKBACK records)."""
@@ -207,34 +230,11 @@ def exact_zero(history: Sequence[Record], t: ExactZeroThresholds) -> Finding | N
         has_signal = evidence["no_signal_frac"] < 1.0
     else:
         has_signal = any((metric_value(r, "reward/std") or 0.0) > 0 for r in recs)
-    if has_signal:
-        severity: Severity = "critical"
-        msg = (
-            f"loss and grad_norm are exactly 0.0 for {n} steps although rewards vary within groups: "
-            "the update is disconnected from the rollouts."
-        )
-        sug = (
-            "Check that the trainer's weights reach the sampler, that advantages are not masked away, and that the "
-            "loss is not detached."
-        )
-    elif evidence.get("reward_mean") == 0.0:
-        severity = "warning"
-        msg = (
-            f"reward, loss and grad_norm are exactly 0.0 for {n} steps. Either no rollout earns any reward "
-            "(see no_signal) or the pipeline is broken: a failed weight sync once looked exactly like this."
-        )
-        sug = (
-            "Read a few rollouts (keelrl doctor prints some): if they are sensible, check the weight sync and the "
-            "scorer; if not, the task is too hard for the policy (task.params, rollout.group_size, rollout.temperature)."
-        )
-    else:
-        severity = "info"
-        msg = (
-            f"loss and grad_norm are exactly 0.0 for {n} steps because every group's rewards are equal "
-            "(no gradient to follow)."
-        )
-        sug = "See no_signal: harder or more varied problems, or a larger rollout.group_size."
-    return finding("exact_zero", severity, steps, evidence, msg, sug, t.action)
+    severity: Severity = (
+        "critical" if has_signal else "warning" if evidence.get("reward_mean") == 0.0 else "info"
+    )
+    message, suggestion = ZERO_STEPS[severity]
+    return finding("exact_zero", severity, steps, evidence, message.format(n=n), suggestion, t.action)
 
 
 class RatioOutlierThresholds(RuleThresholds):

@@ -12,6 +12,7 @@ from keelrl.guards.base import (
     Action,
     Finding,
     Record,
+    Rise,
     RuleThresholds,
     Severity,
     finding,
@@ -84,23 +85,17 @@ class EntropyExplosionThresholds(RuleThresholds):
     )
 
 
-def entropy_explosion(history: Sequence[Record], t: EntropyExplosionThresholds) -> Finding | None:
-    """Mean entropy of the last `window` steps above an absolute level and risen since the start."""
-    if (got := start_and_now(history, "entropy", t.baseline_steps, t.window)) is None:
-        return None
-    h0, h, cur = got
-    if h < t.warn_nats or h - h0 < t.min_rise:
-        return None
-    return finding(
-        "entropy_explosion",
-        "critical" if h >= t.critical_nats else "warning",
-        span(cur),
-        {"entropy": h, "start_entropy": h0},
-        f"Token entropy rose from {h0:.3g} to {h:.3g} nats (steps {cur[0][0]}-{cur[-1][0]}); runs are reported to "
-        "degrade above 1-2 nats/token.",
-        "Lower algo.lr or algo.clip_high, remove algo.entropy_coef, or lower rollout.temperature; check mismatch/kl.",
-        t.action,
-    )
+# Mean entropy of the last `window` steps above an absolute level and risen since the start.
+entropy_explosion = Rise(
+    name="entropy_explosion",
+    key="entropy",
+    levels=("warn_nats", "critical_nats"),
+    evidence="entropy",
+    message="Token entropy rose from {start:.3g} to {now:.3g} nats (steps {first}-{last}); runs are reported to "
+    "degrade above 1-2 nats/token.",
+    suggestion="Lower algo.lr or algo.clip_high, remove algo.entropy_coef, or lower rollout.temperature; check "
+    "mismatch/kl.",
+)
 
 
 class LengthExplosionThresholds(RuleThresholds):
@@ -285,20 +280,13 @@ class RepetitionThresholds(RuleThresholds):
     )
 
 
-def repetition(history: Sequence[Record], t: RepetitionThresholds) -> Finding | None:
-    """Share of repetitive completions (repetition/frac) high and risen since the start."""
-    if (got := start_and_now(history, "repetition/frac", t.baseline_steps, t.window)) is None:
-        return None
-    r0, r, cur = got
-    if r < t.warn_frac or r - r0 < t.min_rise:
-        return None
-    return finding(
-        "repetition",
-        "critical" if r >= t.critical_frac else "warning",
-        span(cur),
-        {"repetitive_frac": r, "start_repetitive_frac": r0},
-        f"{r:.0%} of sampled completions repeat themselves (steps {cur[0][0]}-{cur[-1][0]}; {r0:.0%} at the start).",
-        "Lower algo.lr, add a small algo.entropy_coef, or raise rollout.temperature; check that the reward does "
-        "not pay for repeated text.",
-        t.action,
-    )
+# Share of repetitive completions (repetition/frac) high and risen since the start.
+repetition = Rise(
+    name="repetition",
+    key="repetition/frac",
+    levels=("warn_frac", "critical_frac"),
+    evidence="repetitive_frac",
+    message="{now:.0%} of sampled completions repeat themselves (steps {first}-{last}; {start:.0%} at the start).",
+    suggestion="Lower algo.lr, add a small algo.entropy_coef, or raise rollout.temperature; check that the reward "
+    "does not pay for repeated text.",
+)

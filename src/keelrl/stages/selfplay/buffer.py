@@ -59,11 +59,8 @@ class ProblemBuffer:
 
     @classmethod
     def from_state(cls, data: dict[str, Any]) -> ProblemBuffer:
-        buf = cls(
-            capacity=int(data["capacity"]),
-            proposals=int(data["proposals"]),
-            duplicates=int(data["duplicates"]),
-        )
-        for key, problem, step, attempts, solved in data["entries"]:
-            buf.entries[key] = Entry(problem, int(step), int(attempts), int(solved))
-        return buf
+        entries = {
+            key: Entry(problem, int(step), int(attempts), int(solved))
+            for key, problem, step, attempts, solved in data["entries"]
+        }
+        return cls(int(data["capacity"]), entries, int(data["proposals"]), int(data["duplicates"]))

@@ -151,11 +151,8 @@ class CodeProposer:
     def prompt(self, task: CodeTask, cue: dict[str, Any], template: str, form: str) -> tuple[str, str]:
         return PROPOSE_TEXT.format(max_tests=MAX_TESTS, example=cue["example"]), "<spec>"
 
-    def check(self, task: CodeTask, text: str, form: str) -> Proposal:
-        return check_code_proposal(task, text, form)
-
-    def key(self, problem: dict[str, Any]) -> str:
-        return code_problem_key(problem)
+    check = staticmethod(check_code_proposal)
+    key = staticmethod(code_problem_key)
 
 
 def example_text(problem: dict[str, Any]) -> str:

@@ -113,8 +113,5 @@ class CountdownProposer:
     def prompt(self, task: Countdown, cue: dict[str, Any], template: str, form: str) -> tuple[str, str]:
         return proposer_prompt(task, int(cue["first"]), template, form)
 
-    def check(self, task: Countdown, text: str, form: str) -> Proposal:
-        return check_proposal(task, text, form)
-
-    def key(self, problem: dict[str, Any]) -> str:
-        return problem_key(problem)
+    check = staticmethod(check_proposal)
+    key = staticmethod(problem_key)

@@ -138,21 +138,15 @@ def conversation_pieces(
     """A conversation as (token ids, trained) pieces in order: the opening up to the first assistant header,
     each assistant turn (content + `stop`, trained), and after each turn the template's tokens up to the
     next assistant header (or none after the last turn). Messages after the last assistant turn are dropped."""
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
-    if first is None:
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
         raise DataError("a conversation with no assistant message has nothing to train on")
-    opening = list(messages[:first])
+    opening = list(messages[: turns[0]])
     pieces: list[tuple[list[int], bool]] = [(chat.opening(opening), False)]
-    i = first
-    while i < len(messages):
+    for i, j in zip(turns, [*turns[1:], None]):  # each assistant turn, and the next one's index
         pieces.append(([*encode(messages[i]["content"]), stop], True))
-        j = i + 1
-        while j < len(messages) and messages[j]["role"] != "assistant":
-            j += 1
-        if j == len(messages):
-            break
-        pieces.append((chat.reply(opening, messages[i + 1 : j], stop), False))
-        i = j
+        if j is not None:
+            pieces.append((chat.reply(opening, messages[i + 1 : j], stop), False))
     return pieces
 
 
