@@ -11,7 +11,15 @@ import pytest
 
 from keelrl.sandbox.boxes import BoxError, Ran
 from keelrl.tasks import get_task
-from keelrl.tasks.harbor import dockerfile_steps, dockerfile_workdir, load_task, read_reward, size_mb, verdict
+from keelrl.tasks.harbor import (
+    dockerfile_steps,
+    dockerfile_workdir,
+    load_task,
+    read_reward,
+    size_mb,
+    stage_environment,
+    verdict,
+)
 from keelrl.tasks.terminal import TaskDirError, matches, missing_program, resolve_env, resolve_path
 
 OK_RUN = Ran(0, b"", b"", 0.5)
@@ -298,3 +306,39 @@ def test_where_episodes_run_is_the_sandbox_section_only(tmp_path: Path) -> None:
     assert mixed.members["code"].sandbox.isolation == "rlimit"
     with pytest.raises(ConfigError, match=r"sandbox\.backend"):
         load_config(None, ['sandbox.backend="docker"'])
+
+
+def test_a_multi_stage_dockerfile_stages_only_what_reaches_the_final_image(tmp_path: Path) -> None:
+    dockerfile = (
+        "ARG V=3.12\nFROM python:${V} AS build\nWORKDIR /app\nCOPY builder.txt ./\nENV BUILD=1\n"
+        "FROM --platform=linux/amd64 python:${V}-slim AS Base\nWORKDIR /app\nCOPY base.txt ./\nENV A=1\n"
+        "FROM base\nCOPY data/ data/\nCOPY --from=build /app/builder.txt ./\nENV B=2\n"
+    )
+    extra = {
+        "environment/Dockerfile": dockerfile,
+        "environment/builder.txt": "b",
+        "environment/base.txt": "x",
+    }
+    task = load_task(write_task(tmp_path, "t", **extra, **{"environment/data/d.txt": "d"}))
+    out = tmp_path / "staged"
+    # the final stage is built on `Base` (stage names are case-insensitive) and inherits its files and ENV;
+    # the build stage's reach the image only through COPY --from, which bwrap cannot apply
+    assert (task.workdir, stage_environment(task, out)) == ("/app", {"A": "1", "B": "2"})
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
+        "base.txt",
+        "data/d.txt",
+    ]
+    # WORKDIR is inherited from the stage built on, and not from one that is not
+    assert dockerfile_workdir(
+        dockerfile_steps("FROM x AS base\nWORKDIR /srv\nFROM base\nWORKDIR code\n")
+    ) == ("/srv/code")
+    assert dockerfile_workdir(dockerfile_steps("FROM x AS one\nWORKDIR /one\nFROM y\n")) == "/app"
+
+
+def test_a_reward_too_large_for_a_float_is_not_a_reward() -> None:
+    huge = ("1" + "0" * 400).encode()
+    assert read_reward({"reward.json": b'{"reward": ' + huge + b', "n": 2}'}) == (
+        None,
+        {"n": 2.0},
+        f"reward.json's reward is {int(huge)!r}, not a finite number",
+    )

@@ -87,3 +87,27 @@ def test_ray_pool_without_ray(setting: str, tmp_path: Path, capsys, monkeypatch)
     code, err = _run([*argv, "--run-dir", str(run)], capsys)
     assert code == 2 and "pip install 'keelrl[ray]'" in err and f"change distributed.{setting}" in err
     assert "Traceback" not in err and not run.exists()  # stopped before any work
+
+
+def test_a_reward_head_that_cannot_be_made_is_not_called_a_download_failure(
+    tiny_model_dir: Path, monkeypatch
+) -> None:
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    from keelrl.models import load
+
+    # a decoder without a linear `score` head, as a reward model's source: the error says so, from a local
+    # directory and from the hub alike, not that the model could not be read or fetched
+    monkeypatch.setattr(
+        load, "_from_pretrained", lambda *a, **k: LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    )
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    monkeypatch.setattr(load, "_hub_offline_reason", lambda name: None)  # as if the hub answered
+    monkeypatch.setattr(AutoConfig, "from_pretrained", lambda *a, **k: None)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    for got in (
+        lambda: load.load_local_dir(tiny_model_dir, "float32", False, head="reward"),
+        lambda: load.load_hub("org/name", "float32", False, head="reward"),
+    ):
+        with pytest.raises(ModelLoadError, match=r"^LlamaForCausalLM has no linear `score` head"):
+            got()

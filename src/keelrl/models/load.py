@@ -287,7 +287,6 @@ def load_local_dir(
         model = _from_pretrained(
             resolved, dtype, attn_implementation, head, trust_remote_code=trust_remote_code
         )
-        model = _zero_new_head(model, head)
     except READ_ERRORS as err:
         damaged = (
             " A weights file there (model.safetensors, or the shards it names) is cut short or corrupted: "
@@ -296,7 +295,7 @@ def load_local_dir(
             else ""
         )
         raise ModelLoadError(f"could not load the model in {path}: {err}.{damaged}") from None
-    return model.eval(), _ensure_pad(tokenizer)
+    return _zero_new_head(model, head).eval(), _ensure_pad(tokenizer)
 
 
 def hub_reachable(timeout_s: float = HUB_PROBE_S) -> bool:
@@ -363,7 +362,6 @@ def load_hub(
         AutoConfig.from_pretrained(name, **common)
         tokenizer = AutoTokenizer.from_pretrained(name, **common)
         model = _from_pretrained(name, dtype, attn_implementation, head, **common, **adapter)
-        model = _zero_new_head(model, head)
     except READ_ERRORS as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         kernel = (
@@ -377,7 +375,7 @@ def load_hub(
             "Check the spelling, your network and HF_TOKEN, or download it elsewhere and pass the directory."
             + kernel
         ) from None
-    return model.eval(), _ensure_pad(tokenizer)
+    return _zero_new_head(model, head).eval(), _ensure_pad(tokenizer)
 
 
 def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:

@@ -7,14 +7,15 @@ run as published. PATH is one task directory or a folder of them (a task set). A
                             or memory = "2G" / storage_mb or storage / allow_internet or network_mode / env / workdir /
                             build_timeout_sec / healthcheck, [solution] env; `schema_version` or the older `version`;
                             other keys are ignored, as Harbor ignores what it does not use ([task], artifacts, ...)
-    environment/Dockerfile  the build context of the task's image (its last WORKDIR is the working directory, unless
-                            [environment] workdir says otherwise; else /app)
+    environment/Dockerfile  the build context of the task's image (the final image's WORKDIR is the working
+                            directory, unless [environment] workdir says otherwise; else /app)
     tests/test.sh           the verifier, with the files it needs beside it in tests/ (test_outputs.py, ...)
     solution/solve.sh       the oracle (optional; without it the task cannot be validated)
 
 An episode (tasks/terminal.py) works in its own box: a container of the task's image ([sandbox] backend =
-"container"), or bubblewrap over the host's programs with environment/Dockerfile's COPY and ENV steps applied into
-the working directory and its other steps not ("bwrap", said once per task). Afterwards the verifier runs as Harbor
+"container"), or bubblewrap over the host's programs with the final image's COPY and ENV steps (a multi-stage
+Dockerfile's last stage and the stages it is built on) applied into the working directory and its other steps not
+("bwrap", said once per task). Afterwards the verifier runs as Harbor
 runs it: /tests and /logs/verifier are emptied (nothing the agent left there counts), tests/ is uploaded to /tests
 (executable bits kept), test.sh is made executable and run from the working directory as [verifier] user with
 [verifier] env (`${VAR}` / `${VAR:-default}` from this process's environment), under [verifier] timeout_sec, with the
@@ -44,6 +45,7 @@ PATH or a patched test runner can fool a verifier that trusts them; as in Harbor
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import re
 import shlex
@@ -211,13 +213,29 @@ def dockerfile_steps(text: str) -> list[tuple[str, str]]:
     return [(ln.split(None, 1)[0].upper(), (ln.split(None, 1)[1:] or [""])[0].strip()) for ln in lines if ln[:1] not in ("", "#")]  # fmt: skip
 
 
-def dockerfile_workdir(steps: list[tuple[str, str]]) -> str:
-    """The final stage's last WORKDIR (relative ones resolved), else DEFAULT_WORKDIR."""
-    wd: str | None = None
+def final_stage(steps: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The steps (FROM lines left out) that build the image a Dockerfile ends with: its last stage's, after those
+    of the earlier stages that stage is built FROM by name (`FROM base AS app`), whose files and settings it
+    inherits. Other stages (a builder that only `COPY --from` reads) do not reach the image."""
+    named: dict[str, list[tuple[str, str]]] = {}
+    stage: list[tuple[str, str]] = []
     for op, arg in steps:
-        if op == "FROM":
-            wd = None
-        elif op == "WORKDIR":
+        if op != "FROM":
+            stage.append((op, arg))
+            continue
+        words = [w for w in arg.split() if not w.startswith("--")]  # --platform=...
+        stage = list(named.get(words[0].lower(), [])) if words else []
+        if len(words) >= 3 and words[1].lower() == "as":
+            named[words[2].lower()] = stage  # the same list: it grows with the stage's own steps
+    return stage
+
+
+def dockerfile_workdir(steps: list[tuple[str, str]]) -> str:
+    """The final image's WORKDIR (relative ones resolved, inherited from the stage it is built on), else
+    DEFAULT_WORKDIR."""
+    wd: str | None = None
+    for op, arg in final_stage(steps):
+        if op == "WORKDIR":
             wd = posixpath.normpath(posixpath.join(wd or "/", arg.strip("\"'")))
     return wd or DEFAULT_WORKDIR
 
@@ -290,14 +308,15 @@ def load_task(path: Path) -> HarborTask:
 
 
 def stage_environment(task: HarborTask, out: Path) -> dict[str, str]:
-    """The bwrap backend's stand-in for the image: environment/Dockerfile's COPY / ADD of local files into the working
-    directory, copied to `out` (or all of environment/ when there is no Dockerfile); returns its ENV settings."""
+    """The bwrap backend's stand-in for the image: the final image's COPY / ADD of local files into the working
+    directory (`final_stage`), copied to `out` (or all of environment/ when there is no Dockerfile); returns its
+    ENV settings."""
     env_dir, env = task.path / "environment", {}
     if not task.dockerfile:
         shutil.copytree(env_dir, out, symlinks=True, dirs_exist_ok=True)
         return env
     wd, skipped = "/", []
-    for op, arg in dockerfile_steps((env_dir / "Dockerfile").read_text(encoding="utf-8")):
+    for op, arg in final_stage(dockerfile_steps((env_dir / "Dockerfile").read_text(encoding="utf-8"))):
         if op == "WORKDIR":
             wd = posixpath.normpath(posixpath.join(wd, arg.strip("\"'")))
         elif op == "ENV":
@@ -319,7 +338,7 @@ def stage_environment(task: HarborTask, out: Path) -> dict[str, str]:
                     target = target / src.name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, target)
-        elif op not in ("FROM", "ARG", "LABEL", "CMD", "ENTRYPOINT", "EXPOSE", "USER", "SHELL", "STOPSIGNAL"):
+        elif op not in ("ARG", "LABEL", "CMD", "ENTRYPOINT", "EXPOSE", "USER", "SHELL", "STOPSIGNAL"):
             skipped.append(op)
     if skipped:
         warn_once(f"bwrap-{task.path}", f"{task.name}: the bwrap backend does not build environment/Dockerfile: its "
@@ -334,8 +353,13 @@ def read_reward(files: Mapping[str, bytes]) -> tuple[float | None, dict[str, flo
     metrics: dict[str, float] = {}
     why = "no reward file (/logs/verifier/reward.json or reward.txt)"
 
-    def finite(r: object) -> bool:  # NaN fails too
-        return isinstance(r, (int, float)) and not isinstance(r, bool) and abs(r) < float("inf")
+    def finite(r: object) -> bool:  # NaN fails too, and an integer too large for a float
+        if not isinstance(r, (int, float)) or isinstance(r, bool):
+            return False
+        try:
+            return math.isfinite(r)
+        except OverflowError:
+            return False
 
     if "reward.json" in files:
         raw = files["reward.json"].decode("utf-8", "replace")
