@@ -121,9 +121,8 @@ def evaluate(
     from keelrl.cli.main import build_parser
     from keelrl.config import config_from_dict, config_to_dict
 
-    if (
-        isinstance(config, (str, Path)) and Path(config).is_dir()
-    ):  # a run directory: its task, its final policy
+    # a run directory: its task, its final policy
+    if isinstance(config, (str, Path)) and Path(config).is_dir():
         ran = json.loads((Path(config) / "config.json").read_text())
         config = {
             "model": {"path": str(Path(config) / "final")},

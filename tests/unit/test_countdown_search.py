@@ -15,7 +15,6 @@ from keelrl.evals.run import ProblemResult, behaviour_means, run_eval, summarize
 from keelrl.tasks import get_task
 from keelrl.tasks.countdown import Countdown, score_countdown
 from keelrl.tasks.countdown_search import (
-    BEHAVIOUR_KEYS,
     GIVE_UP,
     STRATEGIES,
     CountdownSearch,
@@ -34,7 +33,7 @@ WORKED = "13+7=20:20+3=23 20-3=17 20*3=60\n13*3=39:39+7=46!\n<answer>(13*3)+7</a
 
 def test_worked_trace_gives_exact_numbers() -> None:
     b = behaviour(PROBLEM, WORKED)
-    assert b == {
+    expected = {
         "correct": 1.0,
         "found": 1.0,
         "answered": 1.0,
@@ -47,7 +46,7 @@ def test_worked_trace_gives_exact_numbers() -> None:
         "any_arith_error": 0.0,
         "false_marks": 0.0,  # the one `!` is on 39+7=46
     }
-    assert tuple(b) == BEHAVIOUR_KEYS
+    assert b == expected and list(b) == list(expected)  # the keys in this order too
 
 
 def test_wrong_arithmetic_is_counted_per_stated_operation() -> None:
@@ -98,7 +97,7 @@ def test_give_up_and_four_number_nesting() -> None:
 )
 def test_garbage_gives_numbers_without_raising(garbage: str) -> None:
     b = behaviour(PROBLEM, garbage)
-    assert set(b) == set(BEHAVIOUR_KEYS) and b["correct"] == 0.0 and b["found"] == 0.0
+    assert set(b) == set(behaviour(PROBLEM, WORKED)) and b["correct"] == 0.0 and b["found"] == 0.0
     assert all(isinstance(v, float) for v in b.values())
     assert behaviour({}, garbage)["correct"] == 0.0  # a problem without fields too
 

@@ -130,7 +130,7 @@ def test_chinchilla_prediction_interval_holds_one_runs_noise() -> None:
     lack = noise["residual_var"] - sd**2 / 3
     assert lack > 0 and noise["target_var"] == pytest.approx(lack + sd**2)
     *_, noise3 = bootstrap_chinchilla(
-        n, d, clean + 0.01 * (-1) ** np.arange(12), at, 10, 0.95, 0, (sd**2, 12, 3.0), 3
+        n, d, clean + 0.01 * (-1) ** np.arange(12), at, 10, 0.95, (sd**2, 12, 3.0), 3
     )
     assert noise3["target_var"] == pytest.approx(lack + sd**2 / 3)  # the mean of 3 target runs
 

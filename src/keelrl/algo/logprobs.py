@@ -78,8 +78,8 @@ def scored_logits(model: PreTrainedModel, hidden: torch.Tensor, scored: torch.Te
     return head(hidden.flatten(0, 1).index_select(0, index))[:n]
 
 
-def _cache_kwarg(module: torch.nn.Module) -> str:
-    """transformers 5 renames the KV-cache argument `past_key_values` -> `cache`."""
+def cache_argument(module: torch.nn.Module) -> str:
+    """The name of `module.forward`'s KV-cache argument: transformers 5 renames `past_key_values` -> `cache`."""
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
@@ -164,7 +164,6 @@ def plan_prefix_sharing(
 def _shared_prefix_forward(model: PreTrainedModel, plan: PrefixPlan, plain_head: bool) -> torch.Tensor:
     """Logits [N, V] at the plan's scored suffix positions (row-major), with each prefix run once."""
     body = model.get_decoder() if plain_head else model
-    kwarg = _cache_kwarg(body)
     out = body(input_ids=plan.prefix_ids, attention_mask=plan.prefix_mask, use_cache=True)
     cache = out.past_key_values
     select_cache_rows(cache, plan.rows)  # each row gets (a differentiable copy of) its prefix's keys/values
@@ -174,7 +173,7 @@ def _shared_prefix_forward(model: PreTrainedModel, plan: PrefixPlan, plain_head:
         attention_mask=attn,
         position_ids=plan.suffix_positions,
         use_cache=True,
-        **{kwarg: cache},
+        **{cache_argument(body): cache},
     )
     if plain_head:
         return scored_logits(model, out.last_hidden_state, plan.suffix_scored)  # [N, V]
@@ -250,27 +249,6 @@ class LogprobModule(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        target_mask: torch.Tensor,
-        temperature: float,
-        with_entropy: bool = False,
-        entropy_grad: bool = False,
-        share_prefix: bool = True,
-        documents: torch.Tensor | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return completion_logprobs(
-            self.model,
-            input_ids,
-            attention_mask,
-            target_mask,
-            temperature,
-            with_entropy=with_entropy,
-            entropy_grad=entropy_grad,
-            share_prefix=share_prefix,
-            documents=documents,
-            positions=positions,
-        )
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`completion_logprobs(self.model, *args, **kwargs)`."""
+        return completion_logprobs(self.model, *args, **kwargs)

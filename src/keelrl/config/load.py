@@ -109,8 +109,8 @@ def _format_validation_error(err: ValidationError, model: type[BaseModel], sourc
         else:
             given = e.get("input")
             shown = json.dumps(given, default=str) if not isinstance(given, dict) else "a table"
-            msg = f"`{name}`: {e['msg']} (got {shown})" if loc else e["msg"].removeprefix("Value error, ")
-        lines.append("  - " + msg.replace("Value error, ", ""))
+            msg = f"`{name}`: {e['msg']} (got {shown})" if loc else e["msg"]
+        lines.append("  - " + msg.replace("Value error, ", ""))  # a validator's message as it wrote it
     return "\n".join(lines)
 
 

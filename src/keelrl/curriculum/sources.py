@@ -294,11 +294,8 @@ class AdaptiveSource:
             k, n = sum(o.correct), len(o.correct)
             self.stats[bucket][0] += k
             self.stats[bucket][1] += n - k
-            acc = seen.setdefault(bucket, [0, 0, 0, 0])  # correct, samples, groups, groups without signal
-            acc[0] += k
-            acc[1] += n
-            acc[2] += 1
-            acc[3] += not o.informative
+            counts = (k, n, 1, int(not o.informative))  # correct, samples, groups, groups without signal
+            seen[bucket] = [a + b for a, b in zip(seen.get(bucket, [0, 0, 0, 0]), counts)]
             if self.cfg.skip_after:
                 self._remember(problem_key(o.problem), k, n)
         self._last = self._metrics(seen)

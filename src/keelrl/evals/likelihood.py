@@ -97,15 +97,10 @@ def perplexity(
     `max_tokens` (default: max_position_embeddings); empty texts are skipped."""
     limit = max_tokens or int(getattr(model.config, "max_position_embeddings", 0) or 2048)
     bos = tokenizer.bos_token_id
-    items: list[tuple[list[int], list[int]]] = []
-    skipped = 0
-    for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:limit]
-        ctx, tgt = ([bos], ids[: limit - 1]) if bos is not None else (ids[:1], ids[1:])
-        if not tgt:
-            skipped += 1
-            continue
-        items.append((ctx, tgt))
+    rows = (tokenizer(text, add_special_tokens=False)["input_ids"][:limit] for text in texts)
+    pieces = [([bos], ids[: limit - 1]) if bos is not None else (ids[:1], ids[1:]) for ids in rows]
+    items = [(ctx, tgt) for ctx, tgt in pieces if tgt]  # (context, scored tokens); too short: skipped
+    skipped = len(pieces) - len(items)
     if not items:
         raise ConfigError(
             f"no text with at least {1 if bos is not None else 2} tokens to measure perplexity on"
@@ -154,18 +149,15 @@ def reference_perplexity(
     from keelrl.rollout import render_prompt
 
     items: list[tuple[list[int], list[int]]] = []
-    skipped = 0
     eos = tokenizer.eos_token_id
     eos_ids = [eos] if eos is not None else []
     for i in range(num_problems):
         problem = task.problem(split, i)  # type: ignore[arg-type]
         prompt = task.prompt(problem, template)
         completion = reference_completion(task, problem, prompt.assistant_prefix)
-        if completion is None:
-            skipped += 1
-            continue
-        target = tokenizer(completion, add_special_tokens=False)["input_ids"] + eos_ids
-        items.append((render_prompt(tokenizer, prompt, template), target))
+        if completion is not None:
+            target = tokenizer(completion, add_special_tokens=False)["input_ids"] + eos_ids
+            items.append((render_prompt(tokenizer, prompt, template), target))
     if not items:
         raise ConfigError(
             f"task {task.name!r} has no reference solutions keelrl can check for its first {num_problems} {split} "
@@ -173,4 +165,4 @@ def reference_perplexity(
         )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
     nll, counts = sequence_nll(model, items, int(pad), batch_size)
-    return PerplexityResult(nll, counts, f"{task.name} references", skipped)
+    return PerplexityResult(nll, counts, f"{task.name} references", num_problems - len(items))

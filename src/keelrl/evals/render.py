@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -15,11 +15,15 @@ def _interval(metric: Mapping[str, Any]) -> str:
     return f"[{_fmt(lo)}, {_fmt(hi)}]"
 
 
-def _table(title: str) -> Any:
+def _table(title: str, columns: Sequence[str], left: Sequence[str] = ()) -> Any:
+    """A rich table of `columns`: the first (and those in `left`) aligned left, the numbers right."""
     from rich import box
     from rich.table import Table
 
-    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i == 0 or col in left else "right")
+    return table
 
 
 def problems_text(summary: Mapping[str, Any]) -> str:
@@ -40,10 +44,7 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
             f"{s.get('model', '')} on {s.get('task', '')}: {problems_text(summary)} "
             f"({' + '.join(passes)}), {summary.get('problems_per_s', 0.0):.2f} problems/s"
         )
-    table = _table(title)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_column("95% CI", justify="right")
+    table = _table(title, ("metric", "value", "95% CI"))
     for name, m in summary.get("metrics", {}).items():
         table.add_row(name, _fmt(m["value"]), _interval(m))
     out: list[Any] = [table]
@@ -51,11 +52,7 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
     if len(buckets) > 1:
         names = [n for n in summary["metrics"] if n == "accuracy" or n.startswith(("pass@", "maj@"))]
         names = names[:1] + ([n for n in names if n.startswith("pass@")][-1:] if len(names) > 1 else [])
-        by = _table("by difficulty")
-        by.add_column("bucket")
-        by.add_column("problems", justify="right")
-        for n in names:
-            by.add_column(f"{n} [95% CI]", justify="right")
+        by = _table("by difficulty", ["bucket", "problems", *(f"{n} [95% CI]" for n in names)])
         for bucket, b in buckets.items():
             cells = (f"{_fmt(b['metrics'][n]['value'])} {_interval(b['metrics'][n])}" for n in names)
             by.add_row(bucket, str(b["problems"]), *cells)
@@ -76,11 +73,10 @@ def render_summary(summary: Mapping[str, Any]) -> list[Any]:
 def render_comparison(comparison: Mapping[str, Any], name_a: str = "A", name_b: str = "B") -> list[Any]:
     """Rich renderables for a `compare_results` dict: one row per metric with the verdict word."""
     level = comparison["level"]
-    table = _table(
+    title = (
         f"B = {name_b} vs A = {name_a}: paired over {comparison['problems']} problems, {level:.0%} intervals"
     )
-    for col in ("metric", "A", "B", "B - A", "CI", "verdict"):
-        table.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
+    table = _table(title, ("metric", "A", "B", "B - A", "CI", "verdict"), left=("verdict",))
     colours = {"better": "green", "worse": "red"}
     for name, m in comparison["metrics"].items():
         lo, hi = m["ci"]

@@ -175,11 +175,10 @@ def evaluate(
         )
     num_problems = problem_count(task, split, num_problems)
     ks = sorted({int(k) for k in ks}) if ks else default_ks(samples)
-    if samples > 0:
-        if bad := [k for k in ks if not 1 <= k <= samples]:
-            raise ConfigError(
-                f"--k {','.join(map(str, bad))}: pass@k and maj@k need 1 <= k <= samples ({samples})"
-            )
+    if samples > 0 and (bad := [k for k in ks if not 1 <= k <= samples]):
+        raise ConfigError(
+            f"--k {','.join(map(str, bad))}: pass@k and maj@k need 1 <= k <= samples ({samples})"
+        )
     settings: dict[str, Any] = {
         **(meta or {}),
         "problems": num_problems,

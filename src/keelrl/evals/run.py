@@ -170,10 +170,7 @@ def summarize(results: list[ProblemResult]) -> dict[str, float]:
 
     return {
         "accuracy": mean_of("correct"),
-        "reward/mean": mean_of("rewards"),
-        "format_rate": mean_of("formatted"),
-        "truncated_frac": mean_of("truncated"),
-        "length/mean": mean_of("lengths"),
+        **{k: mean_of(a) for k, a in SAMPLE_STATS.items()},
         "reward/errors": float(len(score_errors(results))),
         "problems": float(len(results)),
         **({k: mean_of(a) for k, a in EPISODE_STATS.items()} if all(r.turns for r in results) else {}),
@@ -193,6 +190,10 @@ def behaviour_means(results: Sequence[ProblemResult]) -> dict[str, float]:
     }
 
 
+# metric name -> ProblemResult field, reported from a pass's samples (evals: the main pass, and the sampled
+# pass as sampled/...)
+SAMPLE_STATS = {"reward/mean": "rewards", "format_rate": "formatted", "truncated_frac": "truncated",
+                "length/mean": "lengths"}  # fmt: skip
 # metric name -> ProblemResult field, for environments' episodes (reported when every problem has them)
 EPISODE_STATS = {"turns/mean": "turns", "tool_calls/mean": "tool_calls", "tool_errors/mean": "tool_errors"}
 

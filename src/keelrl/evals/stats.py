@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from keelrl.core.seeds import stable_hash
-from keelrl.evals.run import EPISODE_STATS
+from keelrl.evals.run import EPISODE_STATS, SAMPLE_STATS
 
 if TYPE_CHECKING:
     from keelrl.evals.run import ProblemResult
@@ -123,11 +123,6 @@ def default_ks(n: int) -> list[int]:
     return sorted({*ks, n}) if n >= 1 else []
 
 
-# metric name -> ProblemResult field, reported from the main pass (and from the sampled pass as sampled/...)
-_SAMPLE_STATS = {"reward/mean": "rewards", "format_rate": "formatted", "truncated_frac": "truncated",
-                 "length/mean": "lengths"}  # fmt: skip
-
-
 def problem_metrics(
     greedy: Sequence[ProblemResult] | None, sampled: Sequence[ProblemResult] | None, ks: Sequence[int] = ()
 ) -> dict[str, np.ndarray]:
@@ -141,11 +136,9 @@ def problem_metrics(
 
     if sampled:
         n_min = min(len(r.correct) for r in sampled)
-        for k in ks:
-            if k > n_min:
-                raise ValueError(
-                    f"pass@{k} needs at least {k} samples per problem; the sampled pass has {n_min}"
-                )
+        if too_big := [k for k in ks if k > n_min]:
+            k = too_big[0]
+            raise ValueError(f"pass@{k} needs at least {k} samples per problem; the sampled pass has {n_min}")
         for k in ks:
             table[f"pass@{k}"] = np.array([pass_at_k(len(r.correct), sum(r.correct), k) for r in sampled])
         for k in ks:
@@ -156,7 +149,7 @@ def problem_metrics(
     if not main:
         return table
     table = {"accuracy": means(main, "correct"), **table}
-    stats = {**_SAMPLE_STATS, **(EPISODE_STATS if all(r.turns for r in main) else {})}
+    stats = {**SAMPLE_STATS, **(EPISODE_STATS if all(r.turns for r in main) else {})}
     table.update({name: means(main, attr) for name, attr in stats.items()})
     if greedy and sampled:
         table.update({f"sampled/{name}": means(sampled, attr) for name, attr in stats.items()})

@@ -302,7 +302,7 @@ def pretrain_fits(
     seeds = len(points) / sum(1 / p["seeds"] for p in points)
     seed_var = (sq / dof, dof, seeds) if dof else None
     fit, pred, interval, noise = bootstrap_chinchilla(
-        n, d, y, at, resamples, level, 0, seed_var, target_seeds, kind
+        n, d, y, at, resamples, level, seed_var, target_seeds, kind
     )
     return {
         "points": points,

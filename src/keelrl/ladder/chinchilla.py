@@ -133,7 +133,6 @@ def bootstrap_chinchilla(
     at: tuple[float, float],
     resamples: int = 200,
     level: float = 0.95,
-    seed: int = 0,
     seed_var: tuple[float, int, float] | None = None,
     target_seeds: int = 1,
     kind: Residuals = "absolute",
@@ -157,7 +156,7 @@ def bootstrap_chinchilla(
     if seed_var is not None and seed_var[1] > 0:
         lack = max(0.0, s2 - seed_var[0] / seed_var[2])
         var = lack + seed_var[0] / target_seeds
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     resid = resid * np.sqrt(len(y) / dof)
     preds = np.array([
         float(fit_chinchilla(n, d, from_residuals(fitted, rng.choice(resid, len(y)), kind), kind=kind).predict(

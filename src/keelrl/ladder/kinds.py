@@ -91,6 +91,7 @@ class RLKind:
             compute = per_token * tokens
             if "eval/accuracy" in row:
                 points.append((step, compute, float(row["eval/accuracy"])))
+        wall = float(summary.get("wall_seconds", 0.0))
         return {
             "parameters": params,
             "flops_per_token_param": rl_flops_per_token_param(cfg),
@@ -100,11 +101,9 @@ class RLKind:
             "accuracy": [p[2] for p in points],
             "tokens_trained": tokens,
             "train_steps": int(summary["steps"]),
-            "wall_seconds": float(summary.get("wall_seconds", 0.0)),
+            "wall_seconds": wall,
             # one process per run: its GPU seconds are its wall seconds when it trained on a GPU
-            "gpu_seconds": float(summary.get("wall_seconds", 0.0))
-            if summary["model"].get("device") == "cuda"
-            else 0.0,
+            "gpu_seconds": wall if summary["model"].get("device") == "cuda" else 0.0,
         }
 
     def parameters(self, cfg: Config) -> int:

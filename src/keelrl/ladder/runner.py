@@ -244,12 +244,8 @@ def _rl_predict(
     tokens per step times its steps), never its data."""
     params = kind.parameters(target_cfg)
     tokens_per_step = float(np.mean([r["tokens_trained"] / r["train_steps"] for r in records]))
-    compute = (
-        rl_flops_per_token_param(config_to_dict(target_cfg))
-        * params
-        * tokens_per_step
-        * target_cfg.train.steps
-    )
+    flops = rl_flops_per_token_param(config_to_dict(target_cfg))  # per parameter and token
+    compute = flops * params * tokens_per_step * target_cfg.train.steps
     problems = target_cfg.eval.problems * target_cfg.eval.samples
     point = dict(targets[0].point)
     return analysis.rl_prediction(

@@ -151,7 +151,6 @@ def bootstrap_fit(
     eval_problems: int = 0,
     resamples: int = 200,
     level: float = 0.95,
-    seed: int = 0,
     dof: int = 0,
 ) -> FitIntervals:
     """Fit the mean over seeds of the scores [S, N] (one row per seed, at the shared `compute` points), with
@@ -161,7 +160,7 @@ def bootstrap_fit(
     if scores.ndim != 2 or scores.shape[1] != len(compute):
         raise ValueError(f"seed_scores must be [seeds, {len(compute)}], got {scores.shape}")
     full = fit_sigmoid(compute, scores.mean(0), r0, warmup)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     params = []
     for _ in range(resamples):
         scale = np.sqrt(dof / rng.chisquare(dof)) if dof else 1.0
@@ -243,14 +242,13 @@ def bootstrap_size_fit(
     warmup: Sequence[float],
     eval_problems: int = 0,
     resamples: int = 200,
-    seed: int = 0,
 ) -> tuple[SizeFit, list[SizeFit]]:
     """The joint fit of every size's mean curve, and `resamples` refits to each size's `resampled_mean`, all
     sizes' draws widened by one sqrt(dof / chi2_dof) per refit (dof: the seeds' degrees of freedom over every
     size), so that the spread of a few seeds' means is not taken as known."""
     means = [np.asarray(s, np.float64).mean(0) for s in seed_scores]
     full = fit_size_sigmoid(params, compute, means, r0, warmup)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(0)
     dof = sum(len(s) - 1 for s in seed_scores)  # of the seed noise, pooled over sizes
     draws = []
     for _ in range(resamples):

@@ -261,9 +261,7 @@ def run_demo(
     )
     tokenizer = build_char_tokenizer()
     policy = build_tiny_model(
-        TinyModelConfig(**{**DEMO_MODEL.model_dump(), "init_seed": seed}),
-        len(tokenizer),
-        tokenizer.eos_token_id,
+        DEMO_MODEL.model_copy(update={"init_seed": seed}), len(tokenizer), tokenizer.eos_token_id
     )
     with ProgressBar(console, "pretrain", plan.pretrain_steps) as advance:
         result = pretrain(
@@ -371,23 +369,19 @@ def _summarize(
     comparison = compare_results(base, final)
     (out / "eval_base.json").write_text(json.dumps(base.to_json(), indent=2))
     (out / "eval_final.json").write_text(json.dumps(final.to_json(), indent=2))
-
-    def acc(summary: dict[str, Any]) -> tuple[float, list[float]]:
-        m = summary["metrics"]["accuracy"]
-        return m["value"], m["ci95"]
-
-    (ba, bci), (fa, fci) = acc(b), acc(f)
     diff = comparison["metrics"]["accuracy"]
     table = Table(title=f"held-out Countdown, greedy, {len(base.records)} problems (seed {seed})")
     for col in ("", "accuracy", "95% interval", "mean reward", "format rate"):
         table.add_column(col)
-    for name, s, a, ci in (("base model", b, ba, bci), ("after RL", f, fa, fci)):
+    for name, s in (("base model", b), ("after RL", f)):
+        m = s["metrics"]
+        lo, hi = m["accuracy"]["ci95"]
         table.add_row(
             name,
-            f"{a:.3f}",
-            f"[{ci[0]:.3f}, {ci[1]:.3f}]",
-            f"{s['metrics']['reward/mean']['value']:.3f}",
-            f"{s['metrics']['format_rate']['value']:.2f}",
+            f"{m['accuracy']['value']:.3f}",
+            f"[{lo:.3f}, {hi:.3f}]",
+            f"{m['reward/mean']['value']:.3f}",
+            f"{m['format_rate']['value']:.2f}",
         )
     table.add_row(
         "change", f"{diff['diff']:+.3f}", f"[{diff['ci'][0]:+.3f}, {diff['ci'][1]:+.3f}]", "", diff["verdict"]
@@ -404,10 +398,8 @@ def _summarize(
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     summary = {
         "seed": seed,
-        "base_accuracy": ba,
-        "base_accuracy_ci95": bci,
-        "final_accuracy": fa,
-        "final_accuracy_ci95": fci,
+        **accuracy_fields(base, "base_"),
+        **accuracy_fields(final, "final_"),
         "accuracy_change": diff["diff"],
         "accuracy_change_ci95": diff["ci"],
         "verdict": diff["verdict"],
@@ -431,6 +423,12 @@ def _summarize(
         "a like gain (seed 0: 0.288 -> 0.748 on an Intel Xeon, 0.320 -> 0.696 on an AMD EPYC)."
     )
     return summary
+
+
+def accuracy_fields(report: Any, prefix: str = "") -> dict[str, Any]:
+    """An eval report's accuracy and its 95% interval, as `{prefix}accuracy` and `{prefix}accuracy_ci95`."""
+    m = report.summary()["metrics"]["accuracy"]
+    return {f"{prefix}accuracy": m["value"], f"{prefix}accuracy_ci95": m["ci95"]}
 
 
 def cpu_model() -> str:

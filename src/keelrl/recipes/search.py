@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from keelrl.config import TinyModelConfig
-from keelrl.recipes.demo import demo_rl_config, evaluate_path, pretrain
+from keelrl.recipes.demo import accuracy_fields, demo_rl_config, evaluate_path, pretrain
 from keelrl.tasks.countdown_search import CORPUS_MIX, packed_corpus_text
 
 # Countdown with three numbers from 1..20 and targets up to 100 (the 4-number variant: `task_params(4)`).
@@ -134,9 +134,7 @@ def pretrain_search_model(
 
     tokenizer = build_char_tokenizer()
     policy = build_tiny_model(
-        TinyModelConfig(**{**model_cfg.model_dump(), "init_seed": seed}),
-        len(tokenizer),
-        tokenizer.eos_token_id,
+        model_cfg.model_copy(update={"init_seed": seed}), len(tokenizer), tokenizer.eos_token_id
     )
     result = pretrain(
         policy,
@@ -154,8 +152,7 @@ def pretrain_search_model(
 def _eval_summary(report: Any) -> dict[str, Any]:
     from keelrl.evals.run import behaviour_means
 
-    acc = report.summary()["metrics"]["accuracy"]
-    return {"accuracy": acc["value"], "accuracy_ci95": acc["ci95"], **behaviour_means(report.records)}
+    return {**accuracy_fields(report), **behaviour_means(report.records)}
 
 
 def run_search_demo(

@@ -296,7 +296,7 @@ def run_smollm2(
     from keelrl.loop.trainer import train
     from keelrl.models.load import load_policy
     from keelrl.monitor.sinks import make_console
-    from keelrl.recipes.demo import cpu_model, evaluate_policy
+    from keelrl.recipes.demo import accuracy_fields, cpu_model, evaluate_policy
     from keelrl.stages import check_stage
     from keelrl.tasks import get_task
 
@@ -375,9 +375,9 @@ def run_smollm2(
     summary = {
         "task": task,
         "seed": seed,
-        **accuracy_fields("base", base),
-        **accuracy_fields("before_rl", sft),
-        **accuracy_fields("final", final),
+        **accuracy_fields(base, "base_"),
+        **accuracy_fields(sft, "before_rl_"),
+        **accuracy_fields(final, "final_"),
         "accuracy_change": overall["diff"],
         "accuracy_change_ci95": overall["ci"],
         "verdict": overall["verdict"],
@@ -404,11 +404,6 @@ def run_smollm2(
 
 def accuracy(report: Any) -> float:
     return float(report.summary()["metrics"]["accuracy"]["value"])
-
-
-def accuracy_fields(prefix: str, report: Any) -> dict[str, Any]:
-    m = report.summary()["metrics"]["accuracy"]
-    return {f"{prefix}_accuracy": m["value"], f"{prefix}_accuracy_ci95": m["ci95"]}
 
 
 def print_summary(console: Any, s: dict[str, Any], out: Path, title: str) -> None:

@@ -98,10 +98,7 @@ def generate(
             continue
         gen = next(gens)
         out.append(
-            Rollout(
-                problem_index=e.problem_index,
-                problem=e.problem,
-                group=e.group,
+            e.rollout(
                 prompt_ids=ids,
                 completion_ids=gen.completion_ids,
                 sample_logprobs=gen.logprobs,
@@ -121,10 +118,7 @@ def _too_long(e: Episode, ids: list[int], longest: int, version: int, settings: 
     the prompt's first `longest` tokens only, so that no later pass over the batch pays for the rest."""
     why = f"the prompt has {len(ids)} tokens, more than episode.max_prompt_tokens = {longest}; it was not sampled"
     s = unscored("agent_error", "prompt_too_long", why)
-    return Rollout(
-        problem_index=e.problem_index,
-        problem=e.problem,
-        group=e.group,
+    return e.rollout(
         prompt_ids=ids[:longest],
         completion_ids=[],
         sample_logprobs=[],

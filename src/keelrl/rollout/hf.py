@@ -23,7 +23,13 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
-from keelrl.algo.logprobs import Autocast, autocast_context, select_cache_rows, supports_prefix_sharing
+from keelrl.algo.logprobs import (
+    Autocast,
+    autocast_context,
+    cache_argument,
+    select_cache_rows,
+    supports_prefix_sharing,
+)
 from keelrl.models.load import pad_token_id
 from keelrl.models.weights import NamedTensors, load_untied, owns
 from keelrl.rollout.types import Generation, SamplingSettings, Versioned
@@ -190,7 +196,7 @@ class HFSampler(Versioned):
         # under bf16 autocast the attention reads the cached keys/values as bf16 anyway: store them so
         cache = _new_cache(model, L, torch.bfloat16 if self.autocast == "bf16" else None)
         static, graph = cache is not None, graph and cache is not None
-        cache_arg = _cache_argument(model)
+        cache_arg = cache_argument(model)
         out = model(
             input_ids=input_ids,
             attention_mask=attn[:, :P],
@@ -314,10 +320,3 @@ def _new_cache(model: PreTrainedModel, max_len: int, kv_dtype: torch.dtype | Non
         return CastingStaticCache(config=model.config, max_cache_len=max_len, kv_dtype=kv_dtype)
     except TypeError:  # transformers < 4.56 wants the batch size up front: let the model grow its own cache
         return None
-
-
-def _cache_argument(model: PreTrainedModel) -> str:
-    """transformers 5 names the KV cache `cache`; earlier releases `past_key_values`."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -217,11 +217,7 @@ def _rollout(
         "end_reason": x.end,
         "transcript": x.transcript,
     }
-    e = x.episode
-    return Rollout(
-        problem_index=e.problem_index,
-        problem=e.problem,
-        group=e.group,
+    return x.episode.rollout(
         prompt_ids=x.prompt_ids,
         completion_ids=x.ids,
         sample_logprobs=x.logprobs,

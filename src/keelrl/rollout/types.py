@@ -36,6 +36,10 @@ class Episode:
     group: int  # global index of the prompt this episode belongs to (its group of samples)
     seed: int  # drives the row's sampling randomness
 
+    def rollout(self, **fields: Any) -> Rollout:
+        """This episode's rollout: its problem and group, and `fields` (the rest of the rollout)."""
+        return Rollout(problem_index=self.problem_index, problem=self.problem, group=self.group, **fields)
+
 
 @dataclass(frozen=True)
 class SamplingSettings:

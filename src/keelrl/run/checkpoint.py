@@ -264,13 +264,7 @@ def set_latest(checkpoints_dir: Path, name: str) -> None:
 
 def committed(checkpoints_dir: Path) -> list[Path]:
     """Committed checkpoint directories, newest step first (temporary and partial ones excluded)."""
-    if not checkpoints_dir.is_dir():
-        return []
-    dirs = [
-        p
-        for p in checkpoints_dir.iterdir()
-        if p.is_dir() and not p.is_symlink() and p.name.startswith("step_")
-    ]
+    dirs = [p for p in checkpoints_dir.glob("step_*") if p.is_dir() and not p.is_symlink()]
     return sorted(dirs, key=lambda p: p.name, reverse=True)
 
 

@@ -341,14 +341,13 @@ class ContainerBox:
     def read_dir(self, path: str) -> dict[str, bytes]:
         ran = self.rt("cp", f"{self.id}:{path}", "-", check=False, timeout=120, cap=READ_CAP)
         out: dict[str, bytes] = {}
-        try:
+        # a broken archive: nothing there, or an archive over READ_CAP (what was read is kept)
+        with contextlib.suppress(tarfile.TarError, EOFError):
             with tarfile.open(fileobj=io.BytesIO(ran.out), mode="r|") as tar:
                 for m in tar:
                     name = m.name.partition("/")[2]
                     if m.isfile() and name and "/" not in name and (f := tar.extractfile(m)) is not None:
                         out[name] = f.read()
-        except (tarfile.TarError, EOFError):
-            pass  # nothing there, or an archive over READ_CAP: what was read is kept
         return out
 
     def set_network(self, on: bool) -> None:
@@ -392,8 +391,7 @@ class BwrapBox:
             warn_once(f"bwrap-user-{user}", f"bwrap boxes run every command as root, not as {user}")
         flags = ["--unshare-all", *(["--share-net"] if self.connected else []), "--cap-drop", "ALL"]
         argv = bwrap_command(interpreter(), ("/etc/shadow", "/etc/gshadow"), flags)
-        for inside, outside in self.mounts.items():
-            argv += ["--bind", str(outside), inside]
+        argv += [a for inside, outside in self.mounts.items() for a in ("--bind", str(outside), inside)]
         argv += ["--chdir", workdir or self.workdir, *in_time(timeout, command)]
         net = network_env() if self.connected else {}
         full = {**BASE_ENV, "HOME": "/tmp", **self.env, **net, **(env or {})}

@@ -48,7 +48,7 @@ from keelrl.sandbox.result import (
 _HARNESS = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
 
 
-class Sandbox:
+class Sandbox(contextlib.AbstractContextManager):
     """One sandbox slot: runs one execution at a time (use `SandboxPool` for many at once).
 
     isolation: "auto" (strongest available, with a warning when below bwrap) or a level, which must work.
@@ -84,9 +84,6 @@ class Sandbox:
             self._lease.release()
             self._lease = None
 
-    def __enter__(self) -> Sandbox:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -104,7 +101,9 @@ class Sandbox:
         nonce, exec_id = secrets.token_hex(16), secrets.token_hex(6)
         host_work = tempfile.mkdtemp(prefix="keelrl-sandbox-") if self.level == "rlimit" else None
         work = host_work or "/tmp/work"
+        r_fd, w_fd = os.pipe()  # the results channel: the harness writes its records to w_fd
         job = {
+            "fd": w_fd,
             "nonce": nonce,
             "level": self.level,
             "uid": self.uid,
@@ -126,8 +125,6 @@ class Sandbox:
             },
         }
         env = {"PATH": SAFE_PATH, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-        r_fd, w_fd = os.pipe()
-        job["fd"] = w_fd
         launcher = LAUNCHERS[self.level](lim, self.python, self._hide)
         argv = [*launcher, self.python, "-I", "-S", "-B", "-c", _HARNESS, "keelrl-sandbox", exec_id]
         t0 = time.perf_counter()
@@ -252,10 +249,8 @@ class Sandbox:
         kids = children_of(proc.pid)
         pidfds = []
         for k in kids:
-            try:
+            with contextlib.suppress(OSError):
                 pidfds.append(os.pidfd_open(k))
-            except OSError:
-                continue
         for k in kids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(k, signal.SIGKILL)

@@ -103,8 +103,7 @@ def _label(rt: Runtime, image: str) -> str | None:
 def make_stand_ins(rt: Runtime, names: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Build (or find up to date) the stand-ins `names` (default: all of STAND_INS); one record per image: `image`,
     `status` (built, up to date, real image kept), `differs`."""
-    unknown = [n for n in names if n not in STAND_INS]
-    if unknown:
+    if unknown := [n for n in names if n not in STAND_INS]:
         raise BoxError(f"no stand-in for {', '.join(unknown)}; stand-ins exist for {', '.join(STAND_INS)}")
     base = base_image(rt)
     out: list[dict[str, Any]] = []

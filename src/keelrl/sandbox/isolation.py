@@ -76,11 +76,8 @@ def _mapped_uid_range(lo: int, hi: int) -> bool:
         lines = Path("/proc/self/uid_map").read_text().split("\n")
     except OSError:
         return False
-    for line in lines:
-        f = line.split()
-        if len(f) == 3 and int(f[0]) <= lo and hi < int(f[0]) + int(f[2]):
-            return True
-    return False
+    rows = (line.split() for line in lines)  # inside-uid, outside-uid, count
+    return any(len(f) == 3 and int(f[0]) <= lo and hi < int(f[0]) + int(f[2]) for f in rows)
 
 
 class _UidLease:

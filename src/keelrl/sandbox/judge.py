@@ -56,9 +56,7 @@ class Verdict:
     def info(self, formatted: bool, **extra: Any) -> dict[str, Any]:
         """A Score's info: formatted, reason, passed, total, then `extra`, then the first failure's detail."""
         info = dict(formatted=formatted, reason=self.reason, passed=self.passed, total=self.total, **extra)
-        if self.detail:
-            info["detail"] = self.detail[:300]
-        return info
+        return info | ({"detail": self.detail[:300]} if self.detail else {})
 
 
 def calls_of(cases: Sequence[Case]) -> list[Call]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -28,7 +29,7 @@ class _Work:
     future: Future[ExecResult] = field(default_factory=Future)
 
 
-class SandboxPool:
+class SandboxPool(contextlib.AbstractContextManager):
     """`workers` sandbox slots, one thread each, fed from a bounded queue (`submit` blocks when it is full).
     Results come back as futures; `run_many` keeps the input order. As root each slot leases its own uid."""
 
@@ -94,9 +95,6 @@ class SandboxPool:
             t.join()
         for box in self._boxes:
             box.close()
-
-    def __enter__(self) -> SandboxPool:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

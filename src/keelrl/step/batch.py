@@ -71,14 +71,8 @@ def collate(rollouts: list[Rollout], pad_id: int, device: torch.device) -> Train
             target[i, P - 1 : P - 1 + C] = torch.tensor(r.trainable, dtype=torch.float32)
             slp[i, P - 1 : P - 1 + C] = torch.tensor(r.sample_logprobs, dtype=torch.float32)
     adv = torch.tensor([r.advantage for r in rollouts], dtype=torch.float32)
-    return TrainBatch(
-        input_ids.to(device),
-        attn.to(device),
-        target.to(device),
-        slp.to(device),
-        adv.to(device),
-        torch.tensor(lengths, device=device),
-    )
+    tensors = (input_ids, attn, target, slp, adv, torch.tensor(lengths))
+    return TrainBatch(*(t.to(device) for t in tensors))
 
 
 def micro_batches(

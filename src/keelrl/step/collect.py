@@ -70,16 +70,16 @@ def next_batch(run: Run, state: TrainState) -> tuple[list[Rollout], dict[str, fl
 
 
 def fill_pipeline(run: Run, state: TrainState) -> None:
-    """Keep the pipeline max_staleness + 1 batches ahead of the step: push the current weights when the sampler
-    lacks them, then submit the batches of steps up to state.step + max_staleness (rollout/pipeline.py's schedule)."""
+    """Keep the pipeline (if any) max_staleness + 1 batches ahead of the step: push the current weights when the
+    sampler lacks them, then submit the batches of steps up to state.step + max_staleness (rollout/pipeline.py's
+    schedule). Then the problem source's state joins TrainState."""
     pipe = run.pipeline
-    if pipe is None:
-        return
-    if pipe.pushed_version != state.policy_version:
-        # the pipeline's sampler holds its own copy of the base architecture (LoRA: the merged weights)
-        pipe.push(sampler_weights(run.whole_policy(state)).items(), state.policy_version)
-    for step in range(pipe.next_step, state.step + pipe.staleness + 1):
-        pipe.submit(step, draw_episodes(run, state, step))
+    if pipe is not None:
+        if pipe.pushed_version != state.policy_version:
+            # the pipeline's sampler holds its own copy of the base architecture (LoRA: the merged weights)
+            pipe.push(sampler_weights(run.whole_policy(state)).items(), state.policy_version)
+        for step in range(pipe.next_step, state.step + pipe.staleness + 1):
+            pipe.submit(step, draw_episodes(run, state, step))
     state.curriculum = run.source.state_dict()  # the draws are part of the state a checkpoint holds
 
 
@@ -308,8 +308,8 @@ def close_step(
     rollouts, evenly spaced, go to rollouts.jsonl.gz (rank 0). Shared by the RL and self-play steps."""
     t0, t1, t2, tc, t3 = times
     state.step += 1
-    fill_pipeline(run, state)  # asynchronous: push the new version, submit the batch it samples
-    state.curriculum = run.source.state_dict()
+    # asynchronous: push the new version, submit the batch it samples; then the source's state joins TrainState
+    fill_pipeline(run, state)
     metrics["guard/skipped_steps"] = float(state.guards.get("skipped_steps", 0))
     metrics.update(run.ckpt_policy.behind(state.step))  # only once a checkpoint save has failed
     metrics.update(

@@ -70,8 +70,7 @@ class Cipher:
     name = "cipher"
 
     def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.seed = seed
-        self.params = CipherParams(**params)
+        self.seed, self.params = seed, CipherParams(**params)
         self.key = make_key(self.params.key_seed)
 
     def encode(self, word: str) -> str:

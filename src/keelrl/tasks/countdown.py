@@ -260,8 +260,7 @@ class Countdown:
     name = "countdown"
 
     def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.seed = seed
-        self.params = CountdownParams(**params)
+        self.seed, self.params = seed, CountdownParams(**params)
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
         return self._generate(split, index)
@@ -271,13 +270,11 @@ class Countdown:
         if template == "compact":  # for tiny character models: the numbers largest first, no instructions
             return Prompt("", f"{' '.join(map(str, sorted(numbers, reverse=True)))} -> {target}", "")
         system = {"chat": SYSTEM_CHAT, "qwen_instruct": SYSTEM_QWEN_INSTRUCT}.get(template, SYSTEM_BASE)
-        if not self.params.think:
-            return Prompt(
-                system, USER_TEXT_ANSWER_ONLY.format(numbers=list(numbers), target=target), ANSWER_PREFIX
-            )
-        user = USER_TEXT.format(numbers=list(numbers), target=target)
-        # qwen_instruct: TinyZero's text has a space at the start of the user turn
-        return Prompt(system, " " + user if template == "qwen_instruct" else user, THINK_PREFIX)
+        think = self.params.think
+        user = (USER_TEXT if think else USER_TEXT_ANSWER_ONLY).format(numbers=list(numbers), target=target)
+        if think and template == "qwen_instruct":  # TinyZero's text has a space at the start of the user turn
+            user = " " + user
+        return Prompt(system, user, THINK_PREFIX if think else ANSWER_PREFIX)
 
     def score(self, problem: dict[str, Any], completion: str) -> Score:
         return score_countdown(

@@ -228,20 +228,6 @@ def packed_corpus_text(
 _OP_RE = re.compile(r"([0-9]{1,7})([-+*/])([0-9]{1,7})=([0-9]{1,9})(!?)")
 MAX_PARSE_CHARS = 20_000  # bounded work on any output; traces of the recipe are under 400
 
-BEHAVIOUR_KEYS = (
-    "correct",
-    "found",
-    "answered",
-    "verified",
-    "gave_up",
-    "nodes",
-    "backtracks",
-    "arith_errors",
-    "arith_error_rate",
-    "any_arith_error",
-    "false_marks",
-)
-
 
 def behaviour(problem: dict[str, Any], completion: str) -> dict[str, float]:
     """Search statistics of one completion (pure; any text gives numbers, never an exception):

@@ -55,8 +55,7 @@ class CountdownSet:
     name = "countdown_set"
 
     def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.seed = seed
-        self.params = CountdownSetParams(**params)
+        self.seed, self.params = seed, CountdownSetParams(**params)
         item_params = self.params.model_dump(exclude={"min_problems", "max_problems"})
         self.items = Countdown(seed=seed, **item_params)
 

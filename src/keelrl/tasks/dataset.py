@@ -395,10 +395,9 @@ class DatasetTask:
     """Rows of a data set, scored by reward functions; see the module docstring."""
 
     def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.seed, self.params = seed, DatasetParams(**params)
-        p = self.params
+        self.seed, self.name = seed, "dataset"
+        self.params = p = DatasetParams(**params)
         self.rewards = load_rewards(p.reward)
-        self.name = "dataset"
         splits = load_splits(p.path, p.subset)
         if p.split not in splits:
             raise TaskError(f"task.params.split = {p.split!r}: {p.path} has splits {', '.join(splits)}")

@@ -74,8 +74,7 @@ class TaskMixture:
     def __init__(self, seed: int = 0, sandbox: Any = None, **params: Any) -> None:
         from keelrl.tasks import get_task  # the registry imports this module
 
-        self.seed = seed
-        self.params = MixtureParams(**params)
+        self.seed, self.params = seed, MixtureParams(**params)
         self.members: dict[str, Task] = {
             m.label: get_task(m.task, seed=seed if m.seed is None else m.seed, sandbox=sandbox, **m.params)
             for m in self.params.tasks

@@ -106,8 +106,7 @@ class Multiply:
     name = "multiply"
 
     def __init__(self, seed: int = 0, **params: Any) -> None:
-        self.seed = seed
-        self.params = MultiplyParams(**params)
+        self.seed, self.params = seed, MultiplyParams(**params)
 
     def problem(self, split: Split, index: int) -> dict[str, Any]:
         return self._generate(split, index, self.params.digits_a, self.params.digits_b)

@@ -135,13 +135,10 @@ class Workspace:
                     raise ValueError(f"{p!r} is a directory")
                 if p.startswith(other + "/"):
                     raise ValueError(f"{other!r} is a file, so {p!r} cannot be created under it")
-        old = len(self.files.get(p, "").encode("utf-8"))
-        if self.total_bytes() - old + size > self.max_total_bytes:
+        others = sum(len(t.encode("utf-8")) for q, t in self.files.items() if q != p)
+        if others + size > self.max_total_bytes:
             raise ValueError(f"the repository would exceed {self.max_total_bytes} bytes in all")
         self.files[p] = text
-
-    def total_bytes(self) -> int:
-        return sum(len(t.encode("utf-8")) for t in self.files.values())
 
     # ------------------------------------------------------------------------------------------ tools
 

@@ -141,11 +141,9 @@ def resolve_path(path: object, workdir: str) -> str:
 
 
 def shell_text(ran: Ran, limit: float) -> str:
-    head = (
-        f"timed out after {round(limit, 1):g} s (killed)"
-        if ran.timed_out(limit)
-        else f"exit status {ran.code}"
-    )
+    head = f"exit status {ran.code}"
+    if ran.timed_out(limit):
+        head = f"timed out after {round(limit, 1):g} s (killed)"
     parts = [f"{name}:\n{text}" for name, text in (("stdout", ran.stdout), ("stderr", ran.stderr)) if text.strip()]  # fmt: skip
     return "\n".join([head, *parts])
 

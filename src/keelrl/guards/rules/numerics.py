@@ -325,7 +325,8 @@ def kl_blowup(history: Sequence[Record], t: KlBlowupThresholds) -> Finding | Non
         "kl_blowup",
         "critical",
         span(cur),
-        {"kl_ref": k, "kl_ref_before": before, "ratio": k / max(before, 1e-12)},
+        # the ratio judged above (1e-12: a ref_floor of 0 with a zero median)
+        {"kl_ref": k, "kl_ref_before": before, "ratio": k / max(before, t.ref_floor, 1e-12)},
         f"kl/ref jumped from {before:.3g} to {k:.3g} (steps {cur[0][0]}-{cur[-1][0]}): the policy is leaving the "
         "reference model quickly.",
         "Raise algo.kl_coef or lower algo.lr; check grad_spike and mismatch findings around the same steps.",

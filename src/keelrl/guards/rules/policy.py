@@ -4,6 +4,7 @@ collapsing, completions cut at the length limit, repetition."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from pydantic import Field
 
@@ -14,7 +15,6 @@ from keelrl.guards.base import (
     Record,
     Rise,
     RuleThresholds,
-    Severity,
     finding,
     head,
     mean_value,
@@ -217,43 +217,42 @@ class TruncationSurgeThresholds(RuleThresholds):
     )
 
 
+# Share of completions cut at rollout.max_new_tokens high and risen since the start; high without the rise: info.
+_truncation = Rise(
+    name="truncation_surge",
+    key="response_length/truncated_frac",
+    levels=("warn_frac", "critical_frac"),
+    evidence="truncated_frac",
+    message="Truncated completions rose from {start:.0%} to {now:.0%} (steps {first}-{last}): cut answers earn no "
+    "reward.",
+    suggestion="Raise rollout.max_new_tokens if the answers need the room; if they ramble or loop, lower algo.lr and "
+    "see repetition / length_explosion.",
+    flat="{now:.0%} of completions hit the length limit (steps {first}-{last}), about as many as at the start "
+    "({start:.0%}).",
+)
+
+
 def truncation_surge(history: Sequence[Record], t: TruncationSurgeThresholds) -> Finding | None:
-    """Many completions cut at the length limit: a surge is a warning or critical, a high start is info."""
-    got = start_and_now(history, "response_length/truncated_frac", t.baseline_steps, t.window)
-    if got is None or got[1] < t.warn_frac:
-        return None
-    f0, f, cur = got
-    if f - f0 < t.min_rise:
-        severity: Severity = "info"
-        msg = f"{f:.0%} of completions hit the length limit (steps {cur[0][0]}-{cur[-1][0]}), about as many as at the start ({f0:.0%})."
-    else:
-        severity = "critical" if f >= t.critical_frac else "warning"
-        msg = f"Truncated completions rose from {f0:.0%} to {f:.0%} (steps {cur[0][0]}-{cur[-1][0]}): cut answers earn no reward."
-    suggestion = (
-        "Raise rollout.max_new_tokens if the answers need the room; if they ramble or loop, lower algo.lr and see "
-        "repetition / length_explosion."
-    )
+    """Many completions cut at the length limit: a surge is a warning or critical, a high start is info; a surge
+    whose cut completions mostly hold their answer is a warning that the policy writes on after it."""
+    found = _truncation(history, t)
+    if found is None or found.severity == "info":
+        return found
     answered = tail(history, "response_length/truncated_formatted_frac", t.window)
-    if severity != "info" and answered and (a := mean_value(answered)) >= t.answered_frac:
-        severity = "warning"
-        msg = (
-            f"Completions cut at the length limit rose from {f0:.0%} to {f:.0%} (steps {cur[0][0]}-{cur[-1][0]}), "
-            f"but {a:.0%} of them hold a well-formed answer before the cut and are scored on it: the policy writes "
-            "on after its answer instead of ending its turn."
-        )
-        suggestion = (
-            "The reward is intact while the answer comes first, but every sample now costs the whole token budget "
-            "and its text needs cutting at the answer; a score that requires the completion to end after its "
-            "answer (or a lower algo.lr) brings the stop back."
-        )
-    return finding(
-        "truncation_surge",
-        severity,
-        span(cur),
-        {"truncated_frac": f, "start_truncated_frac": f0},
-        msg,
-        suggestion,
-        t.action,
+    if not answered or (a := mean_value(answered)) < t.answered_frac:
+        return found
+    # full windows (found is not None), the levels unrounded (the evidence is rounded) for the message
+    f0, f, cur = start_and_now(history, _truncation.key, t.baseline_steps, t.window)
+    return replace(
+        found,
+        severity="warning",
+        action="warn",
+        message=f"Completions cut at the length limit rose from {f0:.0%} to {f:.0%} (steps {cur[0][0]}-"
+        f"{cur[-1][0]}), but {a:.0%} of them hold a well-formed answer before the cut and are scored on it: the "
+        "policy writes on after its answer instead of ending its turn.",
+        suggestion="The reward is intact while the answer comes first, but every sample now costs the whole token "
+        "budget and its text needs cutting at the answer; a score that requires the completion to end after its "
+        "answer (or a lower algo.lr) brings the stop back.",
     )
 
 

@@ -72,7 +72,7 @@ def encode_pairs(
     records: Sequence[Record], tokenizer: Any, max_length: int, too_long: str, source: str
 ) -> tuple[list[Pair], int, int]:
     """Encode preference records, applying data.too_long; returns (pairs, dropped, truncated)."""
-    out, dropped, truncated = [], 0, 0
+    out, truncated = [], 0
     for n, record in enumerate(records):
         fields = [record.get(k) for k in ("prompt", "chosen", "rejected")]
         if not all(isinstance(f, str) for f in fields):
@@ -89,11 +89,10 @@ def encode_pairs(
                     "data.too_long = 'drop' or 'truncate' (truncation keeps each side's end)"
                 )
             if too_long == "drop":
-                dropped += 1
                 continue
             truncated += 1
         out.append(Pair(c, r))
-    return out, dropped, truncated
+    return out, len(records) - len(out), truncated  # every record not kept was dropped
 
 
 def load_pairs(run_cfg: Any, tokenizer: Any) -> PairData:

@@ -157,9 +157,7 @@ def selfplay_metrics(
         out["selfplay/distinct_frac"] = len(set(valid_keys)) / len(valid_keys)
     if new_rates:
         out["selfplay/new_solve_rate"] = sum(new_rates) / len(new_rates)
-    for reason in refusals:
-        out[f"selfplay/refused/{reason}"] = reasons[reason] / n
-    return out
+    return out | {f"selfplay/refused/{reason}": reasons[reason] / n for reason in refusals}
 
 
 def selfplay_step(run: Run, state: TrainState) -> dict[str, float]:

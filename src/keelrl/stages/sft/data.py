@@ -243,7 +243,7 @@ def encode_all(
 ) -> tuple[list[Example], int, int]:
     """Encode `records`, applying data.too_long; returns (examples, dropped, truncated). Examples whose
     trained tokens were all cut off are dropped too."""
-    out, dropped, truncated = [], 0, 0
+    out, truncated = [], 0
     for n, record in enumerate(records):
         where = f"{source} record {n}"
         ex = encode_record(record, tokenizer, chat, render_problem, where)
@@ -254,11 +254,8 @@ def encode_all(
                     "set data.too_long = 'drop' or 'truncate'"
                 )
             if too_long == "drop":
-                dropped += 1
                 continue
             ex, truncated = Example(ex.ids[:max_length], ex.labels[:max_length]), truncated + 1
-        if not ex.trained_tokens:  # nothing left to train on
-            dropped += 1
-            continue
-        out.append(ex)
-    return out, dropped, truncated
+        if ex.trained_tokens:  # else nothing is left to train on
+            out.append(ex)
+    return out, len(records) - len(out), truncated  # every record not kept was dropped
