@@ -342,3 +342,23 @@ def test_a_reward_too_large_for_a_float_is_not_a_reward() -> None:
         {"n": 2.0},
         f"reward.json's reward is {int(huge)!r}, not a finite number",
     )
+
+
+def test_a_bwrap_box_reads_the_verifier_files_not_what_a_link_points_to_on_the_host(tmp_path: Path) -> None:
+    from keelrl.sandbox.boxes import READ_CAP, BoxSpec, BwrapBox
+
+    secret = tmp_path / "host_secret"
+    secret.write_text("1")
+    box = BwrapBox(BoxSpec("t"), network=False)
+    try:
+        logs = box.host("/logs/verifier")
+        logs.mkdir(parents=True)
+        (logs / "reward.txt").write_text("0")
+        (logs / "reward.json").symlink_to(secret)  # written in the box, it would resolve to this host file
+        with (logs / "big.log").open("wb") as f:
+            f.truncate(READ_CAP + 10)
+        got = box.read_dir("/logs/verifier")
+        assert sorted(got) == ["big.log", "reward.txt"] and got["reward.txt"] == b"0"
+        assert len(got["big.log"]) == READ_CAP
+    finally:
+        box.close()

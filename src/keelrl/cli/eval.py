@@ -174,10 +174,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     gates = [parse_gate(g) for g in args.gate]  # malformed gates fail before any work
     baseline = _read_json(args.baseline, "--baseline") if args.baseline else None
-    if baseline is None and any(g.relative for g in gates):
-        raise ConfigError(
-            f"gate {next(g.text for g in gates if g.relative)!r} uses 'base': give --baseline FILE.json"
-        )
+    relative = [g.text for g in gates if g.relative]
+    if baseline is None and relative:
+        raise ConfigError(f"gate {relative[0]!r} uses 'base': give --baseline FILE.json")
     if args.perplexity:
         out = summary = _perplexity_eval(args)
     else:

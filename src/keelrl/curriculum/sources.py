@@ -28,8 +28,9 @@ import itertools
 import json
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from keelrl.config import CurriculumConfig
@@ -192,12 +193,6 @@ def problem_key(problem: dict[str, Any]) -> str:
     return format(stable_hash(json.dumps(problem, sort_keys=True, separators=(",", ":"))), "016x")
 
 
-@dataclass
-class _StepCounts:
-    drawn: dict[str, int] = field(default_factory=dict)
-    skipped: int = 0
-
-
 class AdaptiveSource:
     """Adaptive curriculum (module docstring); every choice is seeded by (seed, draw number)."""
 
@@ -221,7 +216,8 @@ class AdaptiveSource:
         self.cursor = {b: 0 for b in self.buckets}  # next problem index within each bucket
         self.stats = {b: [0.0, 0.0] for b in self.buckets}  # discounted (correct, wrong) samples
         self.problems: dict[str, list[int]] = {}  # key -> [correct samples, samples, streak]
-        self._step = _StepCounts()
+        self._drawn: Counter[str] = Counter()  # prompts per bucket since the last observe
+        self._skipped = 0  # problems skipped since the last observe
         self._last: dict[str, float] = {}
 
     def pass_rates(self) -> dict[str, float]:
@@ -278,11 +274,11 @@ class AdaptiveSource:
             problem = self._draw(bucket)
             while skips_left > 0 and self.predicted_no_signal(problem) and rng.random() >= self.cfg.revisit:
                 skips_left -= 1
-                self._step.skipped += 1
+                self._skipped += 1
                 problem = self._draw(bucket)
             out.append((self.serial, problem))
             self.serial += 1
-            self._step.drawn[bucket] = self._step.drawn.get(bucket, 0) + 1
+            self._drawn[bucket] += 1
         return out
 
     def observe(self, outcomes: Sequence[GroupOutcome]) -> None:
@@ -299,7 +295,7 @@ class AdaptiveSource:
             if self.cfg.skip_after:
                 self._remember(problem_key(o.problem), k, n)
         self._last = self._metrics(seen)
-        self._step = _StepCounts()
+        self._drawn, self._skipped = Counter(), 0
 
     def _remember(self, key: str, k: int, n: int) -> None:
         record = self.problems.pop(key, [0, 0, 0])  # re-inserted last: the dict's order is recency
@@ -318,11 +314,11 @@ class AdaptiveSource:
         for b, p in self.pass_rates().items():
             out[f"curriculum/pass_rate/{b}"] = p
             out[f"curriculum/weight/{b}"] = weights[b]
-            out[f"curriculum/prompts/{b}"] = float(self._step.drawn.get(b, 0))
+            out[f"curriculum/prompts/{b}"] = float(self._drawn[b])
             if b in seen and seen[b][1]:
                 out[f"curriculum/accuracy/{b}"] = seen[b][0] / seen[b][1]
                 out[f"curriculum/no_signal/{b}"] = seen[b][3] / seen[b][2]
-        out["curriculum/skipped_prompts"] = float(self._step.skipped)
+        out["curriculum/skipped_prompts"] = float(self._skipped)
         if self.cfg.skip_after:
             out["curriculum/tracked_problems"] = float(len(self.problems))
         return out

@@ -307,8 +307,7 @@ def observed_failures(run_dir: RunDir) -> tuple[int, float]:
     """(failures, wall seconds) of this run so far: the inputs of the automatic checkpoint interval."""
     events = run_dir.events()
     failures = sum(1 for e in events if e.get("kind") == "restart")
-    times = [float(e["time"]) for e in events if "time" in e]
-    first = min(times) if times else time.time()
+    first = min((float(e["time"]) for e in events if "time" in e), default=time.time())
     return failures, max(0.0, time.time() - first)
 
 

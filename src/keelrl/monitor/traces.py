@@ -137,11 +137,6 @@ def _step_rows(rollouts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _pool(rows: Sequence[dict[str, Any]], key: str) -> float:
-    n = sum(r["n"] for r in rows)
-    return sum(r[key] * r["n"] for r in rows) / n if n else 0.0
-
-
 def analyze_traces(rollouts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per-step statistics of the stored rollouts, first vs last quarter of the logged steps, the reasons
     the scorer gave, self-verification phrase counts and representative early and late samples."""
@@ -179,7 +174,9 @@ def analyze_traces(rollouts: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _pooled(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The rows' first and last step and each statistic over all their rollouts."""
-    return {"steps": [rows[0]["step"], rows[-1]["step"]], **{k: _pool(rows, k) for k in STATS}}
+    n = sum(r["n"] for r in rows)
+    pooled = {k: sum(r[k] * r["n"] for r in rows) / n for k in STATS}
+    return {"steps": [rows[0]["step"], rows[-1]["step"]], **pooled}
 
 
 def _of_steps(rollouts: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -217,8 +214,7 @@ def _sample(r: dict[str, Any]) -> dict[str, Any]:
 def quote(r: dict[str, Any], width: int = 160) -> str:
     """One rollout as a short quoted line: step, reward, outcome, text (newlines shown as ⏎)."""
     text = _text(r).replace("\n", "⏎")
-    if len(text) > width:
-        text = text[: width - 1] + "…"
+    text = text if len(text) <= width else text[: width - 1] + "…"
     finish = " truncated" if is_truncated(str(r.get("finish_reason"))) else ""
     reason = r["reason"] if isinstance(r.get("reason"), str) else _reason(r)
     return f'step {step_of(r, -1)}, reward {num(r.get("reward")):.2f} ({reason}{finish}): "{text}"'

@@ -178,7 +178,6 @@ class ActorPool(ReplacementCount):
     def run(self, method: str, chunks: Sequence[tuple[Any, ...]], labels: Sequence[str]) -> list[Any]:
         """`actor.<method>(*chunks[i])` per chunk, results in chunk order; `labels[i]` names it in errors."""
         ray = import_ray()
-        lost_actor = lost_actor_errors(ray)
         results: list[Any] = [None] * len(chunks)
         written = [False] * len(chunks)
         deaths = [0] * len(chunks)
@@ -198,7 +197,7 @@ class ActorPool(ReplacementCount):
                 chunk, slot, actor = in_flight.pop(ref)
                 try:
                     value = ray.get(ref)
-                except lost_actor as err:
+                except lost_actor_errors(ray) as err:
                     deaths[chunk] += 1
                     if deaths[chunk] > self.max_retries:
                         raise RayPoolError(
@@ -220,19 +219,17 @@ class ActorPool(ReplacementCount):
         """`actor.<method>(*args)` on every actor, replacing those that died. A replacement gets `prepare`,
         not this call, so update what `prepare` reads first."""
         ray = import_ray()
-        lost_actor = lost_actor_errors(ray)
         refs = [getattr(actor, method).remote(*args) for actor in self.handles]
         for slot, ref in enumerate(refs):
             try:
                 ray.get(ref)
-            except lost_actor:
+            except lost_actor_errors(ray):
                 self._replace(slot)  # one call per actor: none other can have replaced it (unlike `run`)
 
     def ask_each(self, method: str, *args: Any) -> list[Any]:
         """`actor.<method>(*args)` on every actor, results in actor order. An actor that died is replaced
         (`prepare`) and asked again, at most `max_retries` times, so every answer comes from a live actor."""
         ray = import_ray()
-        lost_actor = lost_actor_errors(ray)
         refs = [getattr(actor, method).remote(*args) for actor in self.handles]
         results = []
         for slot, ref in enumerate(refs):
@@ -240,7 +237,7 @@ class ActorPool(ReplacementCount):
                 try:
                     results.append(ray.get(ref))
                     break
-                except lost_actor as err:
+                except lost_actor_errors(ray) as err:
                     if attempt == self.max_retries:
                         raise RayPoolError(
                             f"Ray {self.role} actor {slot} died {attempt + 1} times answering {method} "

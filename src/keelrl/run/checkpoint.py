@@ -331,15 +331,13 @@ def load_into(path: Path, train_state: TrainState) -> dict[str, Any]:
             "with the setting it was made with, or start a new run directory"
         )
     saved_sharded = trainer["optimizer"].get("format") == "sharded"
-    if is_sharded(policy) and not saved_sharded:
-        raise CheckpointError(
-            f"{path} was saved by an unsharded run; resume it with distributed.strategy='ddp' (or one process)"
+    if saved_sharded != is_sharded(policy):
+        how = (
+            "a sharded (FSDP2) run; resume it with distributed.strategy='fsdp2' under torchrun"
+            if saved_sharded
+            else "an unsharded run; resume it with distributed.strategy='ddp' (or one process)"
         )
-    if saved_sharded and not is_sharded(policy):
-        raise CheckpointError(
-            f"{path} was saved by a sharded (FSDP2) run; resume it with distributed.strategy='fsdp2' under "
-            "torchrun"
-        )
+        raise CheckpointError(f"{path} was saved by {how}")
     if saved_sharded:
         load_sharded(policy, train_state.optimizer, str(path / SHARDED), trainer["optimizer"]["with_state"])
     elif lora.has_lora(policy) or (path / lora.ADAPTER_WEIGHTS).is_file():
@@ -397,16 +395,14 @@ def _load_adapter(path: Path, train_state: TrainState) -> None:
 
 def rollback_anchor(checkpoints_dir: Path, before_step: int) -> str | None:
     """The checkpoint retention must keep so that a rollback has somewhere to go: the newest one marked
-    healthy at or before `before_step`, else the oldest healthy one."""
+    healthy at or before `before_step`, else the oldest healthy one (None: there is none)."""
     healthy = []
     for p in committed(checkpoints_dir):
         manifest = read_json(p / MANIFEST)
         if manifest is not None and manifest.get("healthy", True):
             healthy.append((int(manifest["step"]), p.name))
-    if not healthy:
-        return None
     older = [h for h in healthy if h[0] <= before_step]
-    return max(older)[1] if older else min(healthy)[1]
+    return max(older)[1] if older else min(healthy, default=(0, None))[1]
 
 
 def prune(
@@ -420,12 +416,12 @@ def prune(
     if latest.is_symlink():
         keep.add(os.readlink(latest))
     if keep_best > 0:
-        scored = []
-        for p in ckpts:
-            value = (read_json(p / STATE_JSON) or {}).get("metrics", {}).get(best_metric)
-            if isinstance(value, (int, float)):
-                scored.append((value, p.name))
-        keep.update(name for _, name in sorted(scored, key=lambda x: (-x[0], x[1]))[:keep_best])
+        values = {
+            p.name: (read_json(p / STATE_JSON) or {}).get("metrics", {}).get(best_metric) for p in ckpts
+        }
+        # best first, ties by name
+        scored = sorted((-value, name) for name, value in values.items() if isinstance(value, (int, float)))
+        keep.update(name for _, name in scored[:keep_best])
     deleted = [p for p in ckpts if p.name not in keep]
     for p in deleted:
         shutil.rmtree(p, ignore_errors=True)

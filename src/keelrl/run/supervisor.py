@@ -66,10 +66,9 @@ FINAL_EXITS = {EXIT_USER_ERROR: "failed", EXIT_GUARD_STOP: "stopped", EXIT_CANNO
 class Heartbeat:
     """Written by the worker's main thread; cheap enough to call from inner loops (throttled to 1/s)."""
 
-    def __init__(self, run_path: Path, enabled: bool = True, min_interval_s: float = 1.0) -> None:
+    def __init__(self, run_path: Path, enabled: bool = True) -> None:
         self.path = run_path / HEARTBEAT_FILE
         self.enabled = enabled
-        self.min_interval_s = min_interval_s
         self.fields: dict[str, Any] = {"pid": os.getpid(), "state": "starting"}
         self._last = 0.0
 
@@ -78,7 +77,7 @@ class Heartbeat:
             return
         self.fields.update(fields)
         now = time.time()
-        if force or now - self._last >= self.min_interval_s:
+        if force or now - self._last >= 1.0:
             self._last = now
             atomic_write_text(self.path, json.dumps({**self.fields, "time": now}))
 

@@ -401,8 +401,15 @@ class BwrapBox:
         shutil.copytree(src, self.host(dest), symlinks=True, dirs_exist_ok=True)
 
     def read_dir(self, path: str) -> dict[str, bytes]:
+        """Its regular files, each cut at READ_CAP bytes; a symlink is left out, as the container's archive leaves
+        it out (here it would be followed on the host, to a host file)."""
         d = self.host(path)
-        return {p.name: p.read_bytes()[:READ_CAP] for p in d.iterdir() if p.is_file()} if d.is_dir() else {}
+        out: dict[str, bytes] = {}
+        for p in d.iterdir() if d.is_dir() else ():
+            if p.is_file() and not p.is_symlink():
+                with p.open("rb") as f:
+                    out[p.name] = f.read(READ_CAP)
+        return out
 
     def set_network(self, on: bool) -> None:
         self.connected = on

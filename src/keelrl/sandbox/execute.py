@@ -283,14 +283,9 @@ def _wait_gone(pidfds: list[int], timeout: float) -> bool:
 def _drain(fd: int) -> bytes:
     os.set_blocking(fd, False)
     chunks = []
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            break
-        if not chunk or sum(map(len, chunks)) > 1 << 20:
-            break
-        chunks.append(chunk)
+    with contextlib.suppress(BlockingIOError):  # nothing more to read now
+        while (chunk := os.read(fd, 65536)) and sum(map(len, chunks)) <= 1 << 20:
+            chunks.append(chunk)
     return b"".join(chunks)
 
 

@@ -79,17 +79,12 @@ def _main():
             code = 0
         finally:
             exit_now(code)
-    status, usage = 0, None
     while True:
-        pid, st, ru = os.wait4(-1, 0)
+        pid, status, usage = os.wait4(-1, 0)
         if pid == child:
-            status, usage = st, ru
             break
     _cleanup(level, uid, time)
-    if os.WIFSIGNALED(status):
-        how = "signal %d" % os.WTERMSIG(status)
-    else:
-        how = "code %d" % os.WEXITSTATUS(status)
+    how = "signal %d" % os.WTERMSIG(status) if os.WIFSIGNALED(status) else "code %d" % os.WEXITSTATUS(status)
     record("exit", "%s cpu %.4f rss %d" % (how, usage.ru_utime + usage.ru_stime, usage.ru_maxrss))
     exit_now(0)
 

@@ -212,19 +212,16 @@ def case_from_assert(test: str, entry: str) -> Case | None:
         return None
     if call.func.id != entry:
         return None
-    if (
-        isinstance(op, ast.Is)
-        and isinstance(right, ast.Constant)
-        and any(right.value is v for v in (None, True, False))
-    ):
-        expected = right.value
-    elif isinstance(op, ast.Eq):
-        try:
-            expected = json.loads(json.dumps(ast.literal_eval(right), allow_nan=False))
-        except (ValueError, TypeError, SyntaxError, RecursionError):  # not a literal, or not JSON data
+    match op, right:
+        case ast.Is(), ast.Constant(value=None | True | False):
+            expected = right.value
+        case ast.Eq(), _:
+            try:
+                expected = json.loads(json.dumps(ast.literal_eval(right), allow_nan=False))
+            except (ValueError, TypeError, SyntaxError, RecursionError):  # not a literal, or not JSON data
+                return None
+        case _:
             return None
-    else:
-        return None
     return {"args": ", ".join(ast.unparse(a) for a in [*call.args, *call.keywords]), "expected": expected}
 
 
@@ -270,17 +267,13 @@ def extract_code(completion: str) -> str | None:
     while i >= 0:
         after = i + 3
         if open_tag is None:
-            m = _OPEN_RE.match(completion, after)
-            if m is not None:
+            if m := _OPEN_RE.match(completion, after):
                 open_tag, start = m.group(1).lower(), m.end()
                 after = m.end()
         else:
             line_start = completion.rfind("\n", 0, i) + 1
-            if (
-                completion[line_start:i].strip(" ") == ""
-                and i - line_start <= 3
-                and _CLOSE_RE.match(completion, after)
-            ):
+            indent = completion[line_start:i]  # before the fence on its line: up to 3 spaces
+            if not indent.strip(" ") and len(indent) <= 3 and _CLOSE_RE.match(completion, after):
                 if open_tag in PYTHON_TAGS:
                     found = completion[start:line_start]
                 open_tag = None

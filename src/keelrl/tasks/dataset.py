@@ -101,8 +101,14 @@ def load_splits(path: str, subset: str = "") -> Any:
     p = Path(path).expanduser()
     kind = FORMATS.get(Path(p.name.removesuffix(".gz")).suffix)
     files = sorted(glob.glob(str(p))) if kind else []
+    on_disk = (p / "dataset_dict.json").exists() or (p / "state.json").exists()
+    if not (on_disk or files or p.is_dir()) and (p.exists() or kind or path.startswith((".", "/", "~"))):
+        raise TaskError(
+            f"{path} {'is not a data file' if p.exists() else 'does not exist'}; data is "
+            f"{', '.join(FORMATS)} (.gz too), a glob of them, a folder, or a hub id"
+        )
     try:
-        if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+        if on_disk:
             ds = datasets.load_from_disk(str(p))
         elif files and kind == "csv":
             # every column as text, as written: "007" stays "007", an empty cell is ""
@@ -115,11 +121,6 @@ def load_splits(path: str, subset: str = "") -> Any:
             ds = datasets.load_dataset(kind, data_files=files)
         elif p.is_dir():
             ds = datasets.load_dataset(str(p), subset or None)
-        elif p.exists() or kind or path.startswith((".", "/", "~")):
-            raise TaskError(
-                f"{path} {'is not a data file' if p.exists() else 'does not exist'}; data is "
-                f"{', '.join(FORMATS)} (.gz too), a glob of them, a folder, or a hub id"
-            )
         else:  # a hub id: the local cache when offline
             ds = datasets.load_dataset(path, subset or None)
     except (OSError, ValueError, ImportError, datasets.exceptions.DatasetsError) as err:
@@ -489,11 +490,8 @@ class DatasetTask:
         rows = [i for i in self.rows[split] if not bucket or (levels[i] if levels else "all") == bucket]
         if not rows:
             raise ValueError(f"task {self.name}: the {split} split has no row of difficulty {bucket!r}")
-        if split == "test":
-            return np.asarray(rows)
-        return np.random.default_rng(stable_hash("dataset", self.seed, split, bucket, epoch)).permutation(
-            rows
-        )
+        rng = np.random.default_rng(stable_hash("dataset", self.seed, split, bucket, epoch))
+        return np.asarray(rows) if split == "test" else rng.permutation(rows)
 
     def _pick(self, split: Split, bucket: str, index: int) -> dict[str, Any]:
         n = len(self._order(split, bucket, 0))
@@ -532,10 +530,9 @@ class DatasetTask:
             got = {r.name: v[i] for r, v in zip(self.rewards, values)}
             error = next((g for g in got.values() if isinstance(g, str)), None)
             given = {name: g for name, g in got.items() if g is not None}
-            if error is not None or not given:
-                error = (
-                    error or f"reward function {', '.join(got)} returned None (none applies to this sample)"
-                )
+            if error is None and not given:
+                error = f"reward function {', '.join(got)} returned None (none applies to this sample)"
+            if error is not None:
                 scores.append(unscored("verifier_error", "reward_error", f"{error} (row {problem['row']})"))
                 continue
             total = sum(r.weight * given[r.name] for r in self.rewards if r.name in given)

@@ -413,9 +413,7 @@ class ReasoningGymTask:
         if not isinstance(source, dict) or problem.get("dataset", self.dataset) != self.dataset:
             return stored, None
         level, ds_seed, index = source.get("level"), source.get("seed"), source.get("index")
-        if not (level is None or isinstance(level, int)) or not all(
-            isinstance(x, int) for x in (ds_seed, index)
-        ):
+        if not isinstance(level, int | None) or not all(isinstance(x, int) for x in (ds_seed, index)):
             return stored, None
         with self._lock:
             entry = self._entries.get((level, ds_seed, index))

@@ -435,12 +435,9 @@ def _build(plan: _Plan, rng: random.Random, family: str) -> dict[str, Any] | Non
                 if not bad:
                     return None
                 shown = [bad[0], *shown[:1]]
-                got = bad[0][2]
-                why = (
-                    f"AssertionError: {name}({bad[0][0]}) returned {got[1]!r}, expected {bad[0][1]!r}"
-                    if got[0] == "value"
-                    else got[1]
-                )
+                args, expected, (kind, why) = bad[0]
+                if kind == "value":  # a wrong value, as the test's assert reports it
+                    why = f"AssertionError: {name}({args}) returned {why!r}, expected {expected!r}"
                 issue = f"tests/test_{module}.py::test_{name}_1 fails:\n    {why}"
                 target, fix = f"{path}::{name}", minimal_edit(path, buggy[path], correct[path])
             tests += [_test_fn(name, k, a, e) for k, (a, e, _) in enumerate(shown, 1)]

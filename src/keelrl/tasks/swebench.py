@@ -289,8 +289,7 @@ def _hidden_tests(problem: dict[str, Any]) -> tuple[dict[str, str], list[str], l
     from keelrl.tasks.swe_mini import _a, _call_args, _caught, _outcome
 
     files: dict[str, str] = {"tests/keel_runner.py": RUNNER}
-    f2p: list[str] = []
-    p2p: list[str] = []
+    f2p, p2p = list[str](), list[str]()
     by_module: dict[str, list[tuple[str, str, Any]]] = {}
     for case in problem["hidden"]:
         (module, fn, *args), kwargs = _call_args(case["args"])
