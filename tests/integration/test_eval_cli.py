@@ -309,6 +309,31 @@ def test_reference_completions_are_checked_by_the_task() -> None:
     assert reference_completion(cd, {**p, "reference": own}, "<answer>") == f"{own}</answer>"
 
 
+def test_reference_perplexity_scores_each_problem_of_a_small_split_once(tiny_dir: str) -> None:
+    # A data set's split with 3 problems, asked for 5: score its 3 references once each, as `evaluate` does
+    # (its problem() wraps around, which would count problems twice and narrow the interval).
+    from keelrl.config import ModelConfig
+    from keelrl.models.load import load_policy
+
+    class ThreeProblems:
+        def __init__(self) -> None:
+            self.inner = get_task("countdown", max_numbers=3, max_number=20)
+            self.name = "three"
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def size(self, split: str) -> int:
+            return 3
+
+        def problem(self, split: str, index: int) -> dict[str, Any]:
+            return self.inner.problem(split, index % 3)
+
+    model, tok = load_policy(ModelConfig(path=tiny_dir))
+    res = reference_perplexity(model, tok, ThreeProblems(), "compact", 5)  # type: ignore[arg-type]
+    assert (len(res.nll), res.skipped) == (3, 0)
+
+
 def test_reference_perplexity_and_the_cli(tiny_dir: str, tmp_path: Path) -> None:
     from keelrl.config import ModelConfig
     from keelrl.models.load import load_policy

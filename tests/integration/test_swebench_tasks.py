@@ -18,7 +18,15 @@ from keelrl.sandbox.boxes import Ran
 from keelrl.tasks import TaskError, get_task
 from keelrl.tasks.env import play_text
 from keelrl.tasks.repo import tool_call_text
-from keelrl.tasks.swebench import GIT_ENV, Instance, judge_log, log_outcomes, write_swe_mini
+from keelrl.tasks.swebench import (
+    GIT_ENV,
+    Instance,
+    SweBench,
+    SweBenchParams,
+    judge_log,
+    log_outcomes,
+    write_swe_mini,
+)
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +160,52 @@ def test_log_reading() -> None:
     assert judge_log(inst, Ran(1, log.encode(), b"", 1.0), 60, True).reward == 0.0
     inst.PASS_TO_PASS.append("tests/a.py::test_missing")  # absent from the log: not passed
     assert judge_log(inst, Ran(0, b"", b"", 1.0), 60, True).info["pass_to_pass"] == "0/3"
+
+
+def test_log_reading_of_parametrised_ids_with_spaces() -> None:
+    # pytest prints a parametrised test's whole id, spaces included; SWE-bench's own lists hold ids cut at the
+    # first space (its harness splits log lines on whitespace): both are read
+    log = (
+        "tests/t.py::test_v[a b] PASSED   [ 33%]\n"
+        "PASSED tests/t.py::test_a[1-2]\nPASSED tests/t.py::test_b[x y]\n"
+        "FAILED tests/t.py::test_c[p q] - AssertionError: 1 - 2\nXFAIL tests/t.py::test_d[u v] - reason\n"
+    )
+    ids = [
+        "tests/t.py::test_a[1-2]",
+        "tests/t.py::test_b[x y]",
+        "tests/t.py::test_b[x",
+        "tests/t.py::test_d[u v]",
+    ]
+    inst = Instance.model_validate({"instance_id": "i", "base_commit": "c", "problem_statement": "p", "test_patch": "",
+                                    "FAIL_TO_PASS": json.dumps(ids), "PASS_TO_PASS": ["tests/t.py::test_v[a b]"]})  # fmt: skip
+    assert judge_log(inst, Ran(1, log.encode(), b"", 1.0), 60, True).reward == 1.0
+    for wrong in ("tests/t.py::test_c[p q]", "tests/t.py::test_b", "tests/t.py::test_b[x y"):
+        inst.PASS_TO_PASS = [wrong]
+        assert judge_log(inst, Ran(1, log.encode(), b"", 1.0), 60, True).reward == 0.0, wrong
+    assert log_outcomes(log)["tests/t.py::test_c[p q]"] == "FAILED"
+
+
+def test_the_test_command_gets_the_files_the_test_ids_name(tmp_path: Path) -> None:
+    # pylint's tests/checkers/unittest_*.py and pytest's testing/python/*.py are test files by their ids only
+    class Recorder:
+        def __init__(self) -> None:
+            self.commands: list[str] = []
+
+        def exec(self, command: str, **kwargs: object) -> Ran:
+            self.commands.append(command)
+            return Ran(0, b"", b"", 0.1)
+
+    diff = "".join(
+        f"diff --git a/{f} b/{f}\n"
+        for f in ("tests/checkers/unittest_x.py", "tests/test_self.py", "tests/util.py")
+    )
+    row = {"instance_id": "i", "base_commit": "c", "problem_statement": "p", "test_patch": diff, "image": "img",
+           "FAIL_TO_PASS": ["tests/checkers/unittest_x.py::TestX::test_y"], "PASS_TO_PASS": []}  # fmt: skip
+    (tmp_path / "i.jsonl").write_text(json.dumps(row) + "\n")
+    task = SweBench(str(tmp_path / "i.jsonl"), SweBenchParams())
+    box = Recorder()
+    task.verify(task.items["i"], box, True)  # type: ignore[arg-type]
+    assert box.commands[-1] == "pytest -rA tests/checkers/unittest_x.py tests/test_self.py"
 
 
 @pytest.mark.slow

@@ -121,6 +121,18 @@ def test_extract_code_takes_the_last_python_block() -> None:
     assert extract_code("```python\n" + "def f():\n    return 1\n```") == "def f():\n    return 1\n"
 
 
+def test_extract_code_on_real_model_outputs() -> None:
+    # a fence left open in the reasoning does not swallow the answer after </think>
+    thought = "<think>try\n```python\ndef f(x):\n    return x\n</think>\n\n```python\ndef f(x):\n    return x + 1\n```\n"
+    assert extract_code(thought) == "def f(x):\n    return x + 1\n"
+    assert extract_code("<think>\n```python\nearly = 1\n```\n</think>\nDone.") == "early = 1\n"
+    # CommonMark: spaces may come before the tag; Windows line ends; a block indented in a list item
+    assert extract_code("``` python\nspaced = 1\n```") == "spaced = 1\n"
+    assert extract_code("```python\r\ndef f():\r\n    return 1\r\n```\r\n") == "def f():\n    return 1\n"
+    listed = "1. The code:\n   ```python\n   def f():\n       return 1\n   ```\n"
+    assert extract_code(listed) == "def f():\n    return 1\n"
+
+
 # ------------------------------------------------------------------------------------------- rewards
 
 

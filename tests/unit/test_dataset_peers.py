@@ -361,3 +361,21 @@ def test_a_hub_id_loads_offline_from_the_local_cache(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1]) == [9, 3, rows[9]]
+
+
+def test_a_folder_of_csv_files_reads_cells_as_text_like_a_csv_file(tmp_path: Path) -> None:
+    import csv
+
+    (tmp_path / "csvs").mkdir()
+    for split, n in (("train", 6), ("test", 2)):
+        with open(tmp_path / "csvs" / f"{split}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["prompt", "answer", "note"])
+            for i in range(n):
+                w.writerow([f"{split} {i}", f"{i:03d}", "" if i % 2 else "NA"])
+    t = build(tmp_path / "csvs", lambda completion, **row: 1.0)
+    assert (t.size("train"), t.size("test")) == (6, 2)
+    assert [t.row({"split": "test", "row": i}) for i in range(2)] == [
+        {"prompt": "test 0", "answer": "000", "note": "NA"},
+        {"prompt": "test 1", "answer": "001", "note": ""},
+    ]  # as written, as for a CSV file named itself (not 0 and None)

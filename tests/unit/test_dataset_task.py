@@ -192,6 +192,15 @@ def test_wrong_settings_are_user_errors_that_say_what_the_data_holds(data: Path)
     assert task(data, answer_field="answer")  # the default, present
 
 
+def test_a_function_the_held_out_files_columns_cannot_call_is_refused_when_built(data: Path) -> None:
+    # the held-out file names its reference "solution": rw:exact(completion, answer) could score no test sample
+    (data / "held.jsonl").write_text(json.dumps({"prompt": "1+1=", "solution": "2"}) + "\n")
+    with pytest.raises(
+        TaskError, match=r"exact\(completion, answer, \*\*row\) cannot be called .*\(prompt, solution\)"
+    ):
+        task(data, test=str(data / "held.jsonl"))
+
+
 @pytest.mark.parametrize(
     ("reward", "message"),
     [
@@ -215,6 +224,13 @@ def test_a_reward_that_cannot_load_is_a_config_error(data: Path, reward: Any, me
         config_from_dict(cfg)
     with pytest.raises(TaskError):  # and the same through get_task (keelrl eval, judge)
         task(data, reward=reward)
+
+
+def test_one_reward_table_not_in_a_list_is_that_function(data: Path) -> None:
+    # reward = { fn = "rw:exact", weight = 2 }: one function, not functions named "fn" and "weight"
+    t = task(data, reward={"fn": "rw:exact", "weight": 2.0}, test=0.25)
+    p = t.problem("train", 0)
+    assert t.score(p, t.row(p)["answer"]).reward == 2.0
 
 
 def test_reward_functions_get_the_completion_and_every_field_and_are_weighted(data: Path) -> None:
@@ -299,6 +315,15 @@ def test_chat_prompts_and_batched_completions_as_messages(data: Path) -> None:
     assert t.score(t.problem("test", 0), "2").reward == 1.0 and seen == [
         [{"role": "assistant", "content": "2"}]
     ]
+
+
+def test_a_chat_message_without_a_role_is_a_task_error_naming_the_row(data: Path) -> None:
+    (data / "norole.jsonl").write_text(json.dumps({"prompt": [{"content": "1+1="}], "answer": "2"}) + "\n")
+    t = task(data, path=str(data / "norole.jsonl"), test=str(data / "norole.jsonl"))
+    with pytest.raises(
+        TaskError, match=r"row 0 of the test split: a chat prompt is a list of \{'role', 'content'\}"
+    ):
+        t.prompt(t.problem("test", 0), "chat")
 
 
 def test_history_turns_render_before_the_user_turn(char_tokenizer) -> None:

@@ -24,7 +24,7 @@ from keelrl.rollout.episodes import Episode
 from keelrl.rollout.multiturn import episode_errors, run_multiturn, turn_seed
 from keelrl.tasks.base import Score
 from keelrl.tasks.env import STEP_REWARDS, EpisodeState, ResetResult, StepResult, play_text
-from keelrl.tasks.tools import ToolCall, call_action, tool
+from keelrl.tasks.tools import ToolCall, call_action, parse_calls, run_tool_calls, tool
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +272,50 @@ def test_tool_call_actions() -> None:
     assert "write one <tool_call>" in said[1] and "found 0" in said[1]
     assert "not valid JSON" in said[2] and "found 2" in said[3] and "no tool named 'jump'" in said[4]
     assert all(s.startswith("error: ") for s in said[1:])
+
+
+def test_a_json_list_of_calls_in_one_tag_is_every_call() -> None:
+    # SmolLM2's chat template asks for <tool_call>[{"name": ..., "arguments": ...}, ...]</tool_call> ([] for none)
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    tools = [tool(add)]
+    text = '<tool_call>[\n{"name": "add", "arguments": {"a": 1, "b": 2}},\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n]</tool_call>'
+    replies = run_tool_calls(text, tools)
+    assert [m["content"] for m in replies.messages] == ["3", "7"] and replies.errors == 0
+    assert parse_calls("<tool_call>[]</tool_call>", tools) == []
+    bad = parse_calls("<tool_call>[{]</tool_call>", tools)
+    assert len(bad) == 1 and "not valid JSON" in str(bad[0])
+
+
+def test_plain_calls_and_unclosed_tags() -> None:
+    def python(code: str) -> str:
+        """Run code."""
+        return code
+
+    tools = [tool(python)]
+    # "the text after the colon is the tool's one required argument, or a JSON object of its arguments"
+    assert parse_calls("<tool_call>python: {k: 1 for k in 'ab'}</tool_call>", tools) == [
+        ToolCall("python", {"code": "{k: 1 for k in 'ab'}"})
+    ]
+    assert parse_calls('<tool_call>python: {"code": "1"}</tool_call>', tools) == [
+        ToolCall("python", {"code": "1"})
+    ]
+    # a stray closing tag before a call cut off at the end does not hide the cut call
+    calls = parse_calls("</tool_call> then <tool_call>python: 1</tool_call><tool_call>python: cut", tools)
+    assert (
+        calls[0] == ToolCall("python", {"code": "1"}) and "without its" in str(calls[1]) and len(calls) == 2
+    )
+
+
+def test_a_parameterised_annotation_has_its_json_type() -> None:
+    def total(values: list[int], weights: dict[str, float], name: str = "") -> float:
+        """Sum."""
+        return 0.0
+
+    props = tool(total).parameters["properties"]
+    assert [props[k]["type"] for k in ("values", "weights", "name")] == ["array", "object", "string"]
 
 
 class Nim(Base):

@@ -100,6 +100,16 @@ def test_majority_vote_ties_go_to_the_earliest_first_vote() -> None:
     assert majority_vote(["99", "1,234", " 1234"], [False, True, True]) is True
 
 
+def test_only_ascii_digits_make_an_answer_an_integer_when_voting() -> None:
+    # The checkers read no other digit as a number (multiply scores Arabic-Indic "١٢٣٤" not_an_integer), so it
+    # must not vote with "1234" and hand the 1234 majority the look-alike's (wrong) verdict.
+    assert normalize_answer("\u0661\u0662\u0663\u0664") != normalize_answer("1234") == "1234"
+    assert normalize_answer("\uff11,\uff12\uff13\uff14") != "1234"  # full-width digits
+    answers = ["\u0661\u0662\u0663\u0664", "1234", "1234"]
+    assert majority_vote(answers, [False, True, True]) is True
+    assert maj_at_k(answers, [False, True, True], 3) == 1.0
+
+
 def brute_maj_at_k(answers: list[str | None], correct: list[bool], k: int) -> float:
     subsets = list(itertools.combinations(range(len(answers)), k))
     return sum(majority_vote([answers[i] for i in s], [correct[i] for i in s]) for s in subsets) / len(

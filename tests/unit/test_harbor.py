@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from keelrl.sandbox.boxes import BoxError, Ran
+from keelrl.sandbox.dockerfile import dockerfile_steps
 from keelrl.tasks import get_task
 from keelrl.tasks.harbor import (
-    dockerfile_steps,
     dockerfile_workdir,
     load_task,
     read_reward,
@@ -362,3 +362,145 @@ def test_a_bwrap_box_reads_the_verifier_files_not_what_a_link_points_to_on_the_h
         assert len(got["big.log"]) == READ_CAP
     finally:
         box.close()
+
+
+def test_dockerfile_lines_are_joined_as_docker_joins_them() -> None:
+    # comment and empty lines inside a continuation are dropped, and the joined lines are not spaced
+    steps = dockerfile_steps(
+        "FROM x\nRUN apt-get install \\\n  # the compiler\n\n  gcc\nENV A=fo\\\no\nWORKDIR /w\n"
+    )
+    assert [op for op, _ in steps] == ["FROM", "RUN", "ENV", "WORKDIR"]
+    assert steps[1][1].split() == ["apt-get", "install", "gcc"] and steps[2][1] == "A=foo"
+    # a heredoc's lines are its instruction's, not instructions (`from ...` is no FROM)
+    steps = dockerfile_steps(
+        "FROM x\nWORKDIR /srv\nRUN <<EOF python3\nfrom pathlib import Path\nEOF\nCOPY <<-END /srv/a.py\n"
+        "\tfrom os import sep\n\tEND\nWORKDIR code\n"
+    )
+    assert [op for op, _ in steps] == ["FROM", "WORKDIR", "RUN", "COPY", "WORKDIR"]
+    assert dockerfile_workdir(steps) == "/srv/code"
+    # the escape directive changes the continuation character
+    steps = dockerfile_steps("# escape=`\nFROM x\nWORKDIR /a\\b\nRUN echo `\n  hi\n")
+    assert steps[1:] == [("WORKDIR", "/a\\b"), ("RUN", "echo   hi")]
+
+
+def test_staging_substitutes_arg_and_env_as_docker_does(tmp_path: Path) -> None:
+    from keelrl.sandbox.boxes import BASE_ENV
+
+    dockerfile = (
+        "ARG ROOT=/srv\nFROM debian\nARG ROOT\nARG SUB=app\nENV HOME_DIR=${ROOT}/$SUB\nWORKDIR $HOME_DIR\n"
+        "ENV PATH=\"/opt/tool/bin:${PATH}\" MSG='$literal' OTHER=${UNSET:-fallback}\n"
+        "COPY --chown=1000:1000 --chmod=644 a.txt ${HOME_DIR}/data/\nCOPY <<EOF notes.txt\nhello\nEOF\n"
+    )
+    task = load_task(
+        write_task(tmp_path, "t", **{"environment/Dockerfile": dockerfile, "environment/a.txt": "a"})
+    )
+    out = tmp_path / "staged"
+    env = stage_environment(task, out)
+    assert task.workdir == "/srv/app"
+    assert env == {
+        "HOME_DIR": "/srv/app",
+        "PATH": "/opt/tool/bin:" + BASE_ENV["PATH"],
+        "MSG": "$literal",
+        "OTHER": "fallback",
+    }
+    assert (out / "data" / "a.txt").read_text() == "a" and (out / "notes.txt").read_text() == "hello\n"
+
+
+def test_staging_extracts_a_local_archive_that_add_names(tmp_path: Path) -> None:
+    import tarfile
+
+    d = write_task(tmp_path, "t", **{"environment/Dockerfile": "FROM x\nWORKDIR /app\nADD data.tar.gz ./\nCOPY data.tar.gz kept/\n"})  # fmt: skip
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "inner.txt").write_text("in")
+    with tarfile.open(d / "environment" / "data.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "src" / "inner.txt", arcname="pkg/inner.txt")
+    out = tmp_path / "staged"
+    stage_environment(load_task(d), out)
+    # ADD unpacks a local tar archive (gzip, bzip2, xz) into its destination; COPY copies it as it is
+    assert (out / "pkg" / "inner.txt").read_text() == "in"
+    assert (out / "kept" / "data.tar.gz").is_file() and not (out / "data.tar.gz").exists()
+
+
+def test_staging_copies_the_whole_context_that_copy_dot_names(tmp_path: Path) -> None:
+    df = "FROM x\nWORKDIR /app\nCOPY . .\nCOPY /src/../a.txt b.txt\n"
+    task = load_task(write_task(tmp_path, "t", **{"environment/Dockerfile": df, "environment/a.txt": "a"}))
+    out = tmp_path / "staged"
+    stage_environment(task, out)
+    # `.` and `/` are the build context's root, which `..` does not leave
+    assert sorted(p.name for p in out.iterdir()) == ["Dockerfile", "a.txt", "b.txt"]
+
+
+def test_the_file_tools_work_in_a_workdir_written_with_a_trailing_slash(tmp_path: Path) -> None:
+    task = load_task(write_task(tmp_path, "t", '[environment]\nworkdir = "/srv/app/"\n'))
+    # list_files() is list_files("."): the working directory itself
+    assert resolve_path(".", task.workdir) == "/srv/app"
+    assert (
+        resolve_path("/srv/app/a.py", task.workdir) == "/srv/app/a.py" == resolve_path("a.py", task.workdir)
+    )
+    with pytest.raises(ValueError, match="outside the working tree"):
+        resolve_path("/srv/application", task.workdir)
+
+
+def test_staging_applies_copy_chmod(tmp_path: Path) -> None:
+    df = "FROM x\nWORKDIR /app\nCOPY --chmod=755 run.sh ./\nCOPY --chmod=0750 tools/ tools/\nCOPY --chmod=700 <<EOF go.sh\necho\nEOF\n"  # fmt: skip
+    task = load_task(write_task(tmp_path, "t", **{"environment/Dockerfile": df, "environment/run.sh": "echo", "environment/tools/t.sh": "echo"}))  # fmt: skip
+    (task.path / "environment" / "run.sh").chmod(0o644)
+    out = tmp_path / "staged"
+    stage_environment(task, out)
+    # --chmod sets the copied files' (and directories') mode, as the image would have it
+    modes = {p: (out / p).stat().st_mode & 0o777 for p in ("run.sh", "tools/t.sh", "go.sh")}
+    assert modes == {"run.sh": 0o755, "tools/t.sh": 0o750, "go.sh": 0o700}
+
+
+def test_the_verifier_is_prepared_as_root_whatever_user_the_image_ends_with(tmp_path: Path) -> None:
+    from keelrl.tasks.harbor import Harbor, HarborParams
+
+    class Recorder:  # a box that records who runs what (an image whose Dockerfile ends with `USER app`)
+        def __init__(self) -> None:
+            self.calls: list[tuple[str | None, str]] = []
+
+        def exec(self, command: str, *, user: str | None = None, **kw: object) -> Ran:
+            self.calls.append((user, command))
+            return OK_RUN
+
+        def upload(self, src: Path, dest: str) -> None:
+            pass
+
+        def read_dir(self, path: str) -> dict[str, bytes]:
+            return {"reward.txt": b"1"}
+
+    fmt = Harbor(str(write_task(tmp_path, "t")), HarborParams())
+    box = Recorder()
+    assert fmt.verify(fmt.items["t"], box, True).reward == 1.0  # type: ignore[arg-type]
+    # emptying /tests and /logs/verifier and making test.sh executable need root; test.sh runs as the image's user
+    assert [user for user, command in box.calls if "test.sh >" not in command] == ["root", "root"]
+    assert [user for user, command in box.calls if "test.sh >" in command] == [None]
+
+
+def test_a_bwrap_box_does_not_read_a_host_folder_that_a_link_in_the_box_names(tmp_path: Path) -> None:
+    from keelrl.sandbox.boxes import BoxSpec, BwrapBox
+
+    host_dir = tmp_path / "host_tmp"
+    host_dir.mkdir()
+    (host_dir / "reward.txt").write_text("1")
+    box = BwrapBox(BoxSpec("t"), network=False)
+    try:
+        # `ln -s /tmp /logs/verifier` in the box: on the host the link would name the host's folder
+        (box.host("/logs") / "verifier").symlink_to(host_dir)
+        assert box.read_dir("/logs/verifier") == {}
+    finally:
+        box.close()
+
+
+def test_a_shift_or_a_quoted_double_angle_opens_no_heredoc() -> None:
+    steps = dockerfile_steps('FROM x\nRUN echo $((1<<x)) "a <<b"\nWORKDIR /w\nRUN cat <<"EOF" > f\nx\nEOF\nENV A=1\n')  # fmt: skip
+    assert [op for op, _ in steps] == ["FROM", "RUN", "WORKDIR", "RUN", "ENV"]
+
+
+def test_a_copy_source_that_starts_with_a_bracket_is_a_wildcard_not_json(tmp_path: Path) -> None:
+    df = "FROM x\nWORKDIR /app\nCOPY [ab].txt ./\n"
+    task = load_task(write_task(tmp_path, "t", **{"environment/Dockerfile": df, "environment/a.txt": "a"}))
+    out = tmp_path / "staged"
+    stage_environment(task, out)
+    # Docker reads an instruction that is not a JSON array in the shell form
+    assert (out / "a.txt").read_text() == "a"

@@ -12,6 +12,8 @@ from keelrl.tasks import get_task
         ("<answer> 56,088 </answer>", 1.0, True),
         ("<answer>56_088</answer>", 1.0, True),
         ("<answer>56089</answer>", 0.1, False),
+        ("<answer>+56088</answer>", 1.0, True),  # TinyZero's int() reads a sign
+        ("<answer>-56088</answer>", 0.1, False),
         ("<answer>5,60,88</answer>", 0.0, False),  # not a thousands grouping
         ("<answer>56088.0</answer>", 0.0, False),
         ("<answer>about 56088</answer>", 0.0, False),

@@ -295,6 +295,9 @@ def test_workspace_paths_limits_and_edits() -> None:
         ws.write_file("tests/test_a.py", "")
     with pytest.raises(ValueError, match="is a directory"):
         ws.write_file("pkg", "x")
+    for prefix in ("./tests/", "tests//", "/tests"):  # a prefix is read as a path is
+        with pytest.raises(ValueError, match="read-only"):
+            Workspace({"tests/test_a.py": ""}, readonly=[prefix]).write_file("tests/test_a.py", "")
     small = Workspace({}, max_files=2, max_file_bytes=10, max_total_bytes=15)
     small.write_file("a", "0123456789")
     with pytest.raises(ValueError, match="at most 10 bytes"):

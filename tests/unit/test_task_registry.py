@@ -61,6 +61,12 @@ def test_a_task_by_import_path_gets_seed_and_params() -> None:
     assert isinstance(mix.members["hack"], HackableMultiply)
 
 
+def test_a_mixture_refuses_an_environment_member_when_built() -> None:
+    # a mixture asks its members prompt() and score(): a multi-turn environment has neither
+    with pytest.raises(TaskError, match=r"mixture member 'countdown_tools' is a multi-turn environment"):
+        get_task("mixture", tasks=[{"task": "countdown_tools"}, {"task": "multiply"}])
+
+
 @pytest.mark.parametrize(
     ("path", "what"),
     [

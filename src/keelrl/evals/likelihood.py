@@ -12,6 +12,7 @@ import numpy as np
 
 from keelrl.config import ConfigError
 from keelrl.evals.report import SCHEMA
+from keelrl.evals.run import problem_count
 from keelrl.evals.stats import BOOTSTRAP_RESAMPLES, bootstrap_means, percentile_interval
 
 if TYPE_CHECKING:
@@ -144,10 +145,12 @@ def reference_perplexity(
     split: str = "test",
     batch_size: int = 8,
 ) -> PerplexityResult:
-    """Perplexity of `reference_completion` + EOS given each problem's prompt (completion tokens only).
-    Problems without a checkable reference are skipped (counted); none at all is a ConfigError."""
+    """Perplexity of `reference_completion` + EOS given each problem's prompt (completion tokens only), over
+    the first `num_problems` (at most the split's size, as `evaluate`). Problems without a checkable reference
+    are skipped (counted); none at all is a ConfigError."""
     from keelrl.rollout import render_prompt
 
+    num_problems = problem_count(task, split, num_problems)  # a data set's split may hold fewer
     items: list[tuple[list[int], list[int]]] = []
     eos = tokenizer.eos_token_id
     eos_ids = [eos] if eos is not None else []

@@ -50,8 +50,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
 
 
-_SEPARATED_INT_RE = re.compile(r"^[+-]?\d{1,3}(?:[,_]\d{3})+$")
-_PLAIN_INT_RE = re.compile(r"^[+-]?\d+$")
+# ASCII digits only: the checkers read no other digit as a number (tasks/base.py, NON_ASCII_DIGIT)
+_SEPARATED_INT_RE = re.compile(r"^[+-]?[0-9]{1,3}(?:[,_][0-9]{3})+$")
+_PLAIN_INT_RE = re.compile(r"^[+-]?[0-9]+$")
 
 
 def normalize_answer(answer: str | None) -> str | None:

@@ -402,9 +402,12 @@ class BwrapBox:
 
     def read_dir(self, path: str) -> dict[str, bytes]:
         """Its regular files, each cut at READ_CAP bytes; a symlink is left out, as the container's archive leaves
-        it out (here it would be followed on the host, to a host file)."""
+        it out (here it would be followed on the host, to a host file), and so is a folder that a link names."""
         d = self.host(path)
         out: dict[str, bytes] = {}
+        # a link made in the box (`ln -s /tmp /logs/verifier`) names, here, a host folder
+        if not d.resolve().is_relative_to(self.root.resolve()):
+            return out
         for p in d.iterdir() if d.is_dir() else ():
             if p.is_file() and not p.is_symlink():
                 with p.open("rb") as f:

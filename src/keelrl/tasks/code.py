@@ -39,6 +39,7 @@ import builtins
 import json
 import logging
 import re
+import textwrap
 import threading
 from collections.abc import Sequence
 from importlib import resources
@@ -252,14 +253,24 @@ def load_problems(path: str | Path) -> list[dict[str, Any]]:
     return problems
 
 
-_OPEN_RE = re.compile(r"([A-Za-z0-9_+.-]*)[ \t]*\n")  # after ```: a language tag, then the line ends
+_OPEN_RE = re.compile(r"[ \t]*([A-Za-z0-9_+.-]*)[ \t]*\n")  # after ```: a language tag, then the line ends
 _CLOSE_RE = re.compile(r"[ \t]*(?:\n|$)")  # after ```: nothing else on the line
 
 
 def extract_code(completion: str) -> str | None:
     """The last complete fenced block tagged python / py / python3 or untagged, or None. An opening fence is
     ``` with an optional tag and a newline, anywhere in a line (`<think>...</think>```python`); a closing
-    fence is ``` alone on its line (up to 3 spaces of indent). Linear in the text's length."""
+    fence is ``` alone on its line (up to 3 spaces of indent). The text after the last `</think>` is read
+    first (a fence left open in the reasoning does not swallow the answer); the block's common indentation
+    is removed (a block in a list item) and Windows line ends are read as newlines. Linear in the text's length."""
+    completion = completion.replace("\r\n", "\n")
+    end_think = completion.rfind("</think>")
+    found = _last_block(completion[end_think + len("</think>") :]) if end_think >= 0 else None
+    found = found if found is not None else _last_block(completion)
+    return None if found is None else textwrap.dedent(found)
+
+
+def _last_block(completion: str) -> str | None:
     found: str | None = None
     open_tag: str | None = None
     start = 0

@@ -111,16 +111,17 @@ def load_splits(path: str, subset: str = "") -> Any:
         if on_disk:
             ds = datasets.load_from_disk(str(p))
         elif files and kind == "csv":
-            # every column as text, as written: "007" stays "007", an empty cell is ""
-            import pandas
-
-            columns = pandas.read_csv(files[0], nrows=0).columns  # the header (a .gz too)
-            text = datasets.Features(dict.fromkeys(columns, datasets.Value("string")))
-            ds = datasets.load_dataset(kind, data_files=files, features=text, keep_default_na=False)
+            ds = datasets.load_dataset(kind, data_files=files, **_csv_as_text(files[0]))
         elif files:
             ds = datasets.load_dataset(kind, data_files=files)
-        elif p.is_dir():
-            ds = datasets.load_dataset(str(p), subset or None)
+        elif p.is_dir():  # a folder of CSV files is read as text too
+            builder = datasets.load_dataset_builder(str(p), subset or None)
+            csv = (
+                [f for fs in (builder.config.data_files or {}).values() for f in fs]
+                if builder.name == "csv"
+                else []
+            )
+            ds = datasets.load_dataset(str(p), subset or None, **(_csv_as_text(csv[0]) if csv else {}))
         else:  # a hub id: the local cache when offline
             ds = datasets.load_dataset(path, subset or None)
     except (OSError, ValueError, ImportError, datasets.exceptions.DatasetsError) as err:
@@ -128,6 +129,19 @@ def load_splits(path: str, subset: str = "") -> Any:
         hub = "; a hub id needs the network, or a copy in the local cache (HF_DATASETS_OFFLINE=1)"
         raise TaskError(f"cannot load data set {path!r}: {why}{'' if p.exists() else hub}") from None
     return ds if isinstance(ds, datasets.DatasetDict) else datasets.DatasetDict(train=ds)
+
+
+def _csv_as_text(first: str) -> dict[str, Any]:
+    """`load_dataset` arguments reading every column of CSV files as text, as written ("007" stays "007", an empty
+    cell is ""), the columns from the header of `first` (a .gz too)."""
+    import datasets
+    import pandas
+
+    columns = pandas.read_csv(first, nrows=0).columns
+    return {
+        "features": datasets.Features(dict.fromkeys(columns, datasets.Value("string"))),
+        "keep_default_na": False,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- reward functions
@@ -353,7 +367,8 @@ class DatasetParams(TaskParams):
     @classmethod
     def _one_function(cls, value: Any) -> Any:
         return [
-            {"fn": v} if isinstance(v, str) else v for v in ([value] if isinstance(value, str) else value)
+            {"fn": v} if isinstance(v, str) else v
+            for v in ([value] if isinstance(value, (str, dict)) else value)
         ]
 
     @model_validator(mode="after")
@@ -429,9 +444,10 @@ class DatasetTask:
                     f"{test!r}); give more rows, or task.params.test as a file (the training file itself "
                     "evaluates on training rows)"
                 )
-        first = self.row({"split": "train", "row": self.rows["train"][0]})
-        for r in self.rewards:
-            check_call(r, first, p)
+        for split, rows in self.rows.items():  # a held-out file may have other columns
+            first = self.row({"split": split, "row": rows[0]})
+            for r in self.rewards:
+                check_call(r, first, p)
         field = p.difficulty_field
         self.levels = {s: [str(v) for v in list(self.tables[s][field])] if field else None for s in self.rows}
         found = sorted(
@@ -506,7 +522,8 @@ class DatasetTask:
         if isinstance(value, str):
             return Prompt("", value, "")
         ok = isinstance(value, list) and all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) for m in value
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in value
         )
         turns = [{"role": m["role"], "content": m["content"]} for m in value] if ok else []
         system = turns.pop(0)["content"] if turns and turns[0]["role"] == "system" else ""

@@ -48,9 +48,9 @@ import json
 import math
 import posixpath
 import re
-import shlex
 import shutil
 import sys
+import tarfile
 import tempfile
 import threading
 import weakref
@@ -67,8 +67,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from keelrl.sandbox.boxes import Backend, Box, BoxError, BoxSpec, Ran, tree_digest, warn_once
+from keelrl.sandbox.boxes import BASE_ENV, Backend, Box, BoxError, BoxSpec, Ran, tree_digest, warn_once
 from keelrl.sandbox.config import SandboxConfig, sandbox_of
+from keelrl.sandbox.dockerfile import dockerfile_steps, final_steps, heredoc_body, heredocs, split_words
 from keelrl.tasks.base import Score, unscored
 from keelrl.tasks.terminal import TaskDirError, Terminal, TerminalParams, missing_program, resolve_env
 
@@ -206,38 +207,11 @@ class HarborTask:
     agent_user: str | None
 
 
-def dockerfile_steps(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) per logical line (continuations joined, comments dropped)."""
-    joined = re.sub(r"\\[ \t]*\r?\n", " ", text)
-    lines = (raw.strip() for raw in joined.splitlines())
-    return [(ln.split(None, 1)[0].upper(), (ln.split(None, 1)[1:] or [""])[0].strip()) for ln in lines if ln[:1] not in ("", "#")]  # fmt: skip
-
-
-def final_stage(steps: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The steps (FROM lines left out) that build the image a Dockerfile ends with: its last stage's, after those
-    of the earlier stages that stage is built FROM by name (`FROM base AS app`), whose files and settings it
-    inherits. Other stages (a builder that only `COPY --from` reads) do not reach the image."""
-    named: dict[str, list[tuple[str, str]]] = {}
-    stage: list[tuple[str, str]] = []
-    for op, arg in steps:
-        if op != "FROM":
-            stage.append((op, arg))
-            continue
-        words = [w for w in arg.split() if not w.startswith("--")]  # --platform=...
-        stage = list(named.get(words[0].lower(), [])) if words else []
-        if len(words) >= 3 and words[1].lower() == "as":
-            named[words[2].lower()] = stage  # the same list: it grows with the stage's own steps
-    return stage
-
-
 def dockerfile_workdir(steps: list[tuple[str, str]]) -> str:
-    """The final image's WORKDIR (relative ones resolved, inherited from the stage it is built on), else
-    DEFAULT_WORKDIR."""
-    wd: str | None = None
-    for op, arg in final_stage(steps):
-        if op == "WORKDIR":
-            wd = posixpath.normpath(posixpath.join(wd or "/", arg.strip("\"'")))
-    return wd or DEFAULT_WORKDIR
+    """The final image's WORKDIR (relative ones resolved, ARG and ENV variables replaced, inherited from the stage
+    it is built on), else DEFAULT_WORKDIR."""
+    workdirs = [wd for *_, wd in final_steps(steps, {}, {})]
+    return (workdirs[-1] if workdirs else None) or DEFAULT_WORKDIR
 
 
 def _check_compose(path: Path) -> None:
@@ -301,10 +275,19 @@ def load_task(path: Path) -> HarborTask:
         ) from None
     a, v, e = config.agent, config.verifier, config.environment
     nets = tuple(m != "no-network" if m else e.network for m in (a.network_mode, v.network_mode))
-    workdir = e.workdir or (dockerfile_workdir(dockerfile_steps(df)) if df else DEFAULT_WORKDIR)
+    try:
+        workdir = e.workdir or (dockerfile_workdir(dockerfile_steps(df)) if df else DEFAULT_WORKDIR)
+    except ValueError as err:
+        raise TaskDirError(f"{dockerfile}: {err}") from None
     return HarborTask(path.name, path, config, df is not None, instruction, workdir, digest, config.metadata,
                       str(config.metadata.get("difficulty", "all")), nets, a.timeout_sec,  # type: ignore[arg-type]
                       None if a.user is None else str(a.user))  # fmt: skip
+
+
+def _sources(context: Path, pattern: str) -> list[Path]:
+    """What a COPY / ADD source names in the build context (its root is `/` and `.`; wildcards as in Docker)."""
+    pattern = posixpath.normpath("/" + pattern).lstrip("/")  # `..` stops at the context's root, as in Docker
+    return [context] if not pattern else sorted(context.glob(pattern))
 
 
 def stage_environment(task: HarborTask, out: Path) -> dict[str, str]:
@@ -315,30 +298,54 @@ def stage_environment(task: HarborTask, out: Path) -> dict[str, str]:
     if not task.dockerfile:
         shutil.copytree(env_dir, out, symlinks=True, dirs_exist_ok=True)
         return env
-    wd, skipped = "/", []
-    for op, arg in final_stage(dockerfile_steps((env_dir / "Dockerfile").read_text(encoding="utf-8"))):
-        if op == "WORKDIR":
-            wd = posixpath.normpath(posixpath.join(wd, arg.strip("\"'")))
-        elif op == "ENV":
-            words = shlex.split(arg)
-            pairs = [w.partition("=") for w in words] if "=" in words[0] else [(words[0], "=", " ".join(words[1:]))]  # fmt: skip
-            env.update({k: v for k, _, v in pairs})
-        elif op in ("COPY", "ADD") and "--from" not in arg:
-            parts = [a for a in (json.loads(arg) if arg[:1] == "[" else shlex.split(arg)) if not a.startswith("--")]  # fmt: skip
-            rel = posixpath.relpath(posixpath.normpath(posixpath.join(wd, parts[-1])), task.workdir)
-            if rel.startswith("..") or any("://" in s for s in parts[:-1]):
+    skipped: list[str] = []
+    steps = dockerfile_steps((env_dir / "Dockerfile").read_text(encoding="utf-8"))
+    # the host's programs stand in for the base image: its PATH is what `ENV PATH=...:$PATH` extends
+    for op, arg, seen, wd in final_steps(steps, BASE_ENV, env):
+        if op in ("COPY", "ADD"):
+            head, *lines = arg.split("\n")
+            docs: dict[str, str] = {}  # `COPY <<EOF dest`: the heredoc's text is the file
+            for doc in heredocs(head):
+                body, end = heredoc_body(lines, 0, doc[1], doc[3])
+                docs[doc[3]], lines = "".join(f"{line}\n" for line in body), lines[end:]
+            try:  # the JSON form, else (`[abc]*.txt` is a wildcard) the shell form
+                listed = json.loads(head) if head[:1] == "[" else None
+            except ValueError:
+                listed = None
+            words = ["".join(split_words(str(w), seen, split=False)) for w in listed] if isinstance(listed, list) else split_words(head, seen)  # fmt: skip
+            parts = [w for w in words if not w.startswith("--")]
+            rel = posixpath.relpath(posixpath.normpath(posixpath.join(wd or "/", parts[-1])), task.workdir)
+            if rel.startswith("..") or any(w.startswith("--from=") for w in words) or any("://" in s for s in parts[:-1]):  # fmt: skip
                 skipped.append(op)
                 continue
-            for src in (p for s in parts[:-1] for p in sorted(env_dir.glob(s))):
-                target = out / rel
-                if src.is_dir():
-                    shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+            into = parts[-1].endswith("/") or len(parts) > 2 or (out / rel).is_dir()
+            copied: list[Path] = []
+            for s in parts[:-1]:
+                if s.startswith("<<") and (name := s[2:].lstrip("-")) in docs:
+                    target = out / rel / name if into else out / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(docs[name], encoding="utf-8")
+                    copied.append(target)
                     continue
-                if parts[-1].endswith("/") or len(parts) > 2 or target.is_dir():
-                    target = target / src.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, target)
-        elif op not in ("ARG", "LABEL", "CMD", "ENTRYPOINT", "EXPOSE", "USER", "SHELL", "STOPSIGNAL"):
+                for src in _sources(env_dir, s):
+                    target = out / rel
+                    if src.is_dir():
+                        shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+                        copied += [target / p.relative_to(src) for p in src.rglob("*") if not p.is_symlink()]
+                    elif op == "ADD" and tarfile.is_tarfile(src):  # a local archive is unpacked into `target`
+                        target.mkdir(parents=True, exist_ok=True)
+                        with tarfile.open(src) as tar:
+                            tar.extractall(target, filter="data")
+                    else:
+                        target = target / src.name if into or target.is_dir() else target
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(src, target)
+                        copied.append(target)
+            for mode in (w.partition("=")[2] for w in words if w.startswith("--chmod=")):
+                if re.fullmatch(r"[0-7]{3,4}", mode):  # octal; a symbolic mode is not applied
+                    for path in copied:
+                        path.chmod(int(mode, 8))
+        elif op not in ("ARG", "ENV", "WORKDIR", "LABEL", "CMD", "ENTRYPOINT", "EXPOSE", "USER", "SHELL", "STOPSIGNAL"):  # fmt: skip
             skipped.append(op)
     if skipped:
         warn_once(f"bwrap-{task.path}", f"{task.name}: the bwrap backend does not build environment/Dockerfile: its "
@@ -407,11 +414,11 @@ def verdict(files: Mapping[str, bytes], ran: Ran, limit: float, formatted: bool)
 
 
 def run_script(box: Box, script: str, log: str, user: str | None, **kw: Any) -> Ran:
-    """`script` made executable (as root, as Harbor does) and run as `user`, its output in `log`."""
-    chmod = f"chmod +x {script} && mkdir -p {posixpath.dirname(log)}"
-    if user is not None:
-        box.exec(chmod, timeout=60)
-    return box.exec(f"{'' if user else chmod + ' && '}{script} > {log} 2>&1", user=user, **kw)
+    """`script` made executable (as root, as Harbor does) and run as `user`, its output in `log` (whose folder
+    `user` can write)."""
+    logs = posixpath.dirname(log)
+    box.exec(f"chmod +x {script} && mkdir -p {logs} && chmod 777 {logs}", timeout=60, user="root")
+    return box.exec(f"{script} > {log} 2>&1", user=user, **kw)
 
 
 class HarborParams(TerminalParams):
@@ -459,7 +466,8 @@ class Harbor:
                 weakref.finalize(self, shutil.rmtree, out, True)
                 try:
                     self._staged[task.name] = (out, stage_environment(task, out))
-                except (OSError, ValueError) as err:  # a Dockerfile this reading cannot follow
+                # a Dockerfile this reading cannot follow
+                except (OSError, ValueError, tarfile.TarError) as err:
                     raise BoxError(f"{task.name}: cannot apply environment/Dockerfile's COPY steps: {err}") from None  # fmt: skip
         files, df_env = self._staged[task.name]
         return BoxSpec(**common, files=files, env=(*df_env.items(), *env))
@@ -468,7 +476,7 @@ class Harbor:
         """Run tests/test.sh in the box as Harbor does and read its reward (module docstring)."""
         v = task.config.verifier
         prep = "mkdir -p /tests /logs/verifier && find /tests /logs/verifier -mindepth 1 -delete && chmod 777 /logs/verifier"
-        if (ran := box.exec(prep, timeout=60)).code != 0:
+        if (ran := box.exec(prep, timeout=60, user="root")).code != 0:  # whatever USER the image ends with
             raise BoxError(f"cannot empty /tests and /logs/verifier: {ran.stderr.strip()[-300:]}")
         box.upload(task.path / "tests", "/tests")
         env = resolve_env(v.env, f"task {task.name}'s [verifier] env")

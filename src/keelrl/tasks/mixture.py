@@ -72,13 +72,19 @@ class TaskMixture:
     name = "mixture"
 
     def __init__(self, seed: int = 0, sandbox: Any = None, **params: Any) -> None:
-        from keelrl.tasks import get_task  # the registry imports this module
+        from keelrl.tasks import TaskError, get_task  # the registry imports this module
 
         self.seed, self.params = seed, MixtureParams(**params)
         self.members: dict[str, Task] = {
             m.label: get_task(m.task, seed=seed if m.seed is None else m.seed, sandbox=sandbox, **m.params)
             for m in self.params.tasks
         }
+        for label, task in self.members.items():
+            if not (callable(getattr(task, "prompt", None)) and callable(getattr(task, "score", None))):
+                raise TaskError(
+                    f"mixture member {label!r} is a multi-turn environment (no prompt and score); a mixture "
+                    "holds single-turn tasks: train the environment on its own"
+                )
         total = sum(m.weight for m in self.params.tasks)
         self._weights = {m.label: m.weight / total for m in self.params.tasks}
 

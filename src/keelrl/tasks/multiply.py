@@ -32,7 +32,8 @@ USER_TEXT = (
 )
 USER_TEXT_ANSWER_ONLY = "What is {a} * {b}? Write only the number in <answer> </answer> tags."
 
-_INTEGER_RE = re.compile(r"^\s*(-?[0-9]{1,3}(?:[,_][0-9]{3})+|-?[0-9]{1,40})\s*$")  # ASCII digits only
+# ASCII digits only; a sign as Python's int() (TinyZero's check) reads one
+_INTEGER_RE = re.compile(r"^\s*([+-]?[0-9]{1,3}(?:[,_][0-9]{3})+|[+-]?[0-9]{1,40})\s*$")
 
 
 class MultiplyParams(TaskParams):

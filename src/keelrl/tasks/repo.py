@@ -66,7 +66,8 @@ class Workspace:
         max_files: int = 200,
         max_total_bytes: int = 1_000_000,
     ) -> None:
-        self.readonly = tuple(p.rstrip("/") for p in readonly)
+        # a prefix read as a path is: "./tests/" is tests
+        self.readonly = tuple(posixpath.normpath(p.strip()).strip("/") for p in readonly)
         self.max_file_bytes, self.max_files, self.max_total_bytes = max_file_bytes, max_files, max_total_bytes
         self.files: dict[str, str] = {}
         for path, text in files.items():

@@ -14,7 +14,8 @@ and keelrl's fields for where the repository and its environment come from:
                 it is cloned once (cached), checked out at base_commit, and every ref and object after it removed,
                 so the model cannot read the fix out of the history
     workdir     where the repository is (default /testbed); test_cmd: the test command (default `pytest -rA`),
-                given the test files of test_patch (or where `{tests}` says); difficulty: a bucket name (optional)
+                given the test files of test_patch (by their names, or named by a test id) or where `{tests}`
+                says; difficulty: a bucket name (optional)
 A row as SWE-bench publishes it (with hints_text, created_at, version, environment_setup_commit, ...: kept, `where`
 can filter on them) has neither image nor repo_path: it runs in SWE-bench's evaluation image for its instance
 (`SWEBENCH_IMAGE`, to be pulled beforehand) with its conda test environment activated (`SWEBENCH_TESTS`).
@@ -58,9 +59,10 @@ from keelrl.tasks.base import Score, Split, unscored
 from keelrl.tasks.terminal import TaskDirError, Terminal, TerminalParams, cache_dir, missing_program
 
 PASSING = ("PASSED", "XFAIL")
+STATUSES = "PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED"
+# `STATUS id[ - message]` (-rA) or `id STATUS` (-v); an id may hold spaces (a parameter: `test_a[a b]`)
 OUTCOME_RE = re.compile(
-    r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)|^(\S+::\S+)\s+(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)",
-    re.M,
+    rf"^({STATUSES})[ \t]+(\S[^\n]*?)[ \t]*$|^(\S+::[^\n]*?)[ \t]+({STATUSES})(?=\s|$)", re.M
 )
 TEST_FILE_RE = re.compile(r"(^|/)(test[^/]*|[^/]*_test\.\w+|tests\.py)$")
 GIT_ENV = {
@@ -131,8 +133,28 @@ def git(repo: Path, *args: str) -> str:
 
 
 def log_outcomes(log: str) -> dict[str, str]:
-    """test id -> PASSED / FAILED / ERROR / XFAIL / XPASS / SKIPPED, from pytest's -rA or -v lines."""
-    return {m[2] or m[3]: m[1] or m[4] for m in OUTCOME_RE.finditer(log)}
+    """test id -> PASSED / FAILED / ERROR / XFAIL / XPASS / SKIPPED, from pytest's -rA or -v lines (an -rA
+    line's ` - message` cut off)."""
+    return {(m[2] or m[3]).split(" - ", 1)[0]: m[1] or m[4] for m in OUTCOME_RE.finditer(log)}
+
+
+def outcome_reader(log: str) -> Callable[[str], str | None]:
+    """A test id's last status in the log (None when absent). The id is the whole text after (or before) the
+    status word, so a parameter with spaces (`path::test_a[a b]`) is read whole; an id also names the line
+    whose text goes on after it with a space (` - message`, or the rest of a parameter: SWE-bench's harness
+    splits lines on whitespace, so its FAIL_TO_PASS lists hold such ids cut at their first space)."""
+    lines: dict[str, list[tuple[str, str]]] = {}
+    for m in OUTCOME_RE.finditer(log):
+        text = m[2] or m[3]
+        lines.setdefault(text.split(None, 1)[0], []).append((text, m[1] or m[4]))
+
+    def status(test: str) -> str | None:
+        for text, word in reversed(lines.get(test.split(None, 1)[0] if test.strip() else "", [])):
+            if text == test or (text.startswith(test) and text[len(test)].isspace()):
+                return word
+        return None
+
+    return status
 
 
 def judge_log(inst: Instance, ran: Ran, limit: float, formatted: bool) -> Score:
@@ -145,8 +167,9 @@ def judge_log(inst: Instance, ran: Ran, limit: float, formatted: bool) -> Score:
     if not got and (miss := missing_program(log)):
         why = f"the tests did not run: `{miss}` is not in the box"
         return unscored("verifier_error", "tests_did_not_run", why, info)
-    f2p = sum(got.get(t) in PASSING for t in inst.FAIL_TO_PASS)
-    p2p = sum(got.get(t) in PASSING for t in inst.PASS_TO_PASS)
+    status = outcome_reader(log)
+    f2p = sum(status(t) in PASSING for t in inst.FAIL_TO_PASS)
+    p2p = sum(status(t) in PASSING for t in inst.PASS_TO_PASS)
     ok = f2p == len(inst.FAIL_TO_PASS) and p2p == len(inst.PASS_TO_PASS)
     info |= {"fail_to_pass": f"{f2p}/{len(inst.FAIL_TO_PASS)}", "pass_to_pass": f"{p2p}/{len(inst.PASS_TO_PASS)}"}  # fmt: skip
     return Score(1.0 if ok else 0.0, ok, {**info, "reason": "resolved" if ok else "unresolved"})
@@ -239,7 +262,9 @@ class SweBench:
         if applied.code != 0:
             why = f"test_patch does not apply: {(applied.stderr or applied.stdout).strip()[-300:]}"
             return unscored("verifier_error", "test_patch", why)
-        tests = " ".join(shlex.quote(f) for f in files if TEST_FILE_RE.search(f))
+        # test files by their names, or by the test ids naming them (pylint's unittest_*.py, pytest's testing/*/*.py)
+        named = {t.split("::", 1)[0] for t in [*inst.FAIL_TO_PASS, *inst.PASS_TO_PASS]}
+        tests = " ".join(shlex.quote(f) for f in files if TEST_FILE_RE.search(f) or f in named)
         cmd = inst.test_cmd
         command = cmd.replace("{tests}", tests) if "{tests}" in cmd else f"{cmd} {tests}"
         limit = self.params.test_timeout_s

@@ -131,6 +131,7 @@ def resolve_path(path: object, workdir: str) -> str:
     """`path` as an absolute path inside `workdir`; a ValueError saying where the file tools work otherwise."""
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"a path is a non-empty string, relative to {workdir} or absolute inside it")
+    workdir = posixpath.normpath(workdir)  # `/app/` is `/app`
     p = posixpath.normpath(posixpath.join(workdir, path.strip()))
     if p != workdir and not p.startswith(workdir.rstrip("/") + "/"):
         raise ValueError(

@@ -3,7 +3,7 @@
 A call is written `<tool_call>...</tool_call>` inside an assistant turn, in either of two bodies:
 - JSON, as Qwen's and SmolLM2's chat templates teach (`apply_chat_template(tools=...)`):
   `<tool_call>{"name": "calc", "arguments": {"expression": "3*4"}}</tool_call>` ("arguments" may also be a
-  JSON string, as some models write it);
+  JSON string, as some models write it), or a JSON list of such calls in one tag (SmolLM2's);
 - plain text, for tiny models without a template: `<tool_call>calc: 3*4</tool_call>`; the text after the
   colon is the tool's one required argument, or a JSON object of its arguments.
 Every call of a turn runs, in order. A malformed call (bad JSON, an unknown tool, wrong arguments, an
@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, get_origin, get_type_hints
 
 from keelrl.tasks.env import Message, StepResult
 
@@ -60,7 +60,9 @@ def tool(fn: Callable[..., Any], name: str | None = None, description: str | Non
     parameters (str, int, float, bool, list, dict; a parameter without a default is required)."""
     hints = get_type_hints(fn)
     params = inspect.signature(fn).parameters.values()
-    props = {p.name: {"type": _JSON_TYPES.get(hints.get(p.name), "string")} for p in params}
+    # list[str] is a list
+    types = {p.name: get_origin(hints.get(p.name)) or hints.get(p.name) for p in params}
+    props = {k: {"type": _JSON_TYPES.get(t, "string")} for k, t in types.items()}
     required = [p.name for p in params if p.default is inspect.Parameter.empty]
     doc = description if description is not None else (inspect.getdoc(fn) or "").split("\n\n")[0]
     return Tool(name or fn.__name__, fn, doc, {"type": "object", "properties": props, "required": required})
@@ -119,11 +121,16 @@ def parse_call(body: str, tools: dict[str, Tool]) -> ToolCall:
 
 
 def _plain_arguments(t: Tool | None, rest: str) -> dict[str, Any]:
-    if rest.startswith("{"):
-        args = _json(rest, "the arguments are not valid JSON ({msg})")
-        if isinstance(args, dict):
-            return args
     required = t.parameters.get("required", []) if t is not None else []
+    if rest.startswith("{"):
+        try:
+            args = json.loads(rest)
+        except json.JSONDecodeError as err:
+            if len(required) != 1:  # else the text is the one argument (code such as `{1, 2}`)
+                raise ToolCallError(f"the arguments are not valid JSON ({err.msg})") from None
+        else:
+            if isinstance(args, dict):
+                return args
     if t is not None and len(required) != 1:
         raise ToolCallError(f"{t.name} takes {len(required)} arguments: pass a JSON object of them")
     return {required[0]: rest} if required else {}
@@ -133,14 +140,29 @@ def parse_calls(text: str, tools: Sequence[Tool]) -> list[ToolCall | ToolCallErr
     """Every call in an assistant turn, in order (a malformed one as its ToolCallError); [] when none."""
     by_name = {t.name: t for t in tools}
     out: list[ToolCall | ToolCallError] = []
-    for body in CALL_RE.findall(text):
+    end = 0
+    for m in CALL_RE.finditer(text):
+        body, end = m[1], m.end()
         try:
-            out.append(parse_call(body, by_name))
+            bodies = _listed_calls(body) if body.strip().startswith("[") else [body]
         except ToolCallError as err:
             out.append(err)
-    if text.count(OPEN_TAG) > text.count(CLOSE_TAG):
+            continue
+        for one in bodies:
+            try:
+                out.append(parse_call(one, by_name))
+            except ToolCallError as err:
+                out.append(err)
+    if OPEN_TAG in text[end:]:  # after the last complete call (a stray closing tag earlier does not hide it)
         out.append(ToolCallError(f"a {OPEN_TAG} without its {CLOSE_TAG}"))
     return out
+
+
+def _listed_calls(body: str) -> list[str]:
+    """The calls of a body that is a JSON list of them (SmolLM2's template: `<tool_call>[{...}, ...]</tool_call>`,
+    `[]` for none), each as JSON text."""
+    calls = _json(body.strip(), "the list of calls is not valid JSON ({msg} at character {pos})")
+    return [json.dumps(call) for call in calls]  # a text starting with [ parses as a list
 
 
 def run_tool_calls(text: str, tools: Sequence[Tool]) -> ToolReplies:
