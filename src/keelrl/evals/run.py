@@ -192,8 +192,12 @@ def behaviour_means(results: Sequence[ProblemResult]) -> dict[str, float]:
 
 # metric name -> ProblemResult field, reported from a pass's samples (evals: the main pass, and the sampled
 # pass as sampled/...)
-SAMPLE_STATS = {"reward/mean": "rewards", "format_rate": "formatted", "truncated_frac": "truncated",
-                "length/mean": "lengths"}  # fmt: skip
+SAMPLE_STATS = {
+    "reward/mean": "rewards",
+    "format_rate": "formatted",
+    "truncated_frac": "truncated",
+    "length/mean": "lengths",
+}
 # metric name -> ProblemResult field, for environments' episodes (reported when every problem has them)
 EPISODE_STATS = {"turns/mean": "turns", "tool_calls/mean": "tool_calls", "tool_errors/mean": "tool_errors"}
 

@@ -42,8 +42,8 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 def _command(prog: list[str], config: str | None, run_dir: Path, *flags: str, sets: list[str]) -> list[str]:
     """`python -m PROG [CONFIG] --run-dir RUN_DIR FLAGS... --set ITEM...`: the process that makes one point."""
     set_args = [arg for item in sets for arg in ("--set", item)]
-    return [sys.executable, "-m", *prog, *([config] if config else []), "--run-dir", str(run_dir), *flags,
-            *set_args]  # fmt: skip
+    program = [sys.executable, "-m", *prog, *([config] if config else [])]
+    return [*program, "--run-dir", str(run_dir), *flags, *set_args]
 
 
 def rl_flops_per_token_param(cfg: dict[str, Any]) -> float:
