@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from keelrl.cli.main import main
 from keelrl.sandbox.boxes import Ran
@@ -115,7 +116,7 @@ def test_history_after_base_commit_is_not_in_the_box(tmp_path: Path) -> None:
     (repo / "a.py").write_text("X = 2  # the fix\n")
     git("commit", "-qam", "fix")
     later = git("rev-parse", "HEAD").strip()
-    row = {"instance_id": "h-1", "base_commit": base, "problem_statement": "p", "test_patch": "", "FAIL_TO_PASS": [],
+    row = {"instance_id": "h-1", "base_commit": base, "problem_statement": "p", "test_patch": "", "FAIL_TO_PASS": ["t.py::t"],
            "repo_path": "repo", "test_cmd": "true"}  # fmt: skip
     (tmp_path / "i.jsonl").write_text(json.dumps(row) + "\n")
     env = get_task(f"swebench:{tmp_path / 'i.jsonl'}", sandbox={"backend": "bwrap"}, validate_oracle=False)
@@ -144,6 +145,16 @@ def test_statuses_and_instance_errors(instances: Path, tmp_path: Path) -> None:
     (tmp_path / "broken.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({"instance_id": "x"}) + "\n")
     with pytest.raises(TaskError, match=r"broken\.jsonl:2: not a SWE-bench instance"):
         get_task(f"swebench:{tmp_path / 'broken.jsonl'}", sandbox={"backend": "bwrap"}, validate_oracle=False)
+
+
+def test_an_instance_must_name_a_failing_test_and_blank_ids_name_none(instances: Path) -> None:
+    row = json.loads(instances.read_text().splitlines()[0])
+    # with no FAIL_TO_PASS test any run would be "resolved": a reward of 1 nobody earned
+    for empty in ("[]", [], "", [" "]):
+        with pytest.raises(ValidationError, match=r"(?s)FAIL_TO_PASS.*names no test"):
+            Instance.model_validate({**row, "FAIL_TO_PASS": empty})
+    inst = Instance.model_validate({**row, "PASS_TO_PASS": ""})
+    assert inst.PASS_TO_PASS == []  # not [""], a test that can never pass
 
 
 def test_log_reading() -> None:

@@ -27,7 +27,8 @@ programs run it (`image` and `setup` are not applied). Afterwards, as SWE-bench'
 touches are put back as they are at base_commit (those it creates are removed), test_patch is applied (`git apply`),
 test_cmd runs on its test files, and the log is read for per-test outcomes (pytest's `-rA` summary lines `PASSED
 path::name`, or `path::name PASSED`). Reward 1 (correct) when every FAIL_TO_PASS and PASS_TO_PASS test passed
-(PASSED or XFAIL), else 0; status `verifier_error` when test_patch does not apply, the tests time out, or nothing
+(PASSED or XFAIL), else 0 (a row whose FAIL_TO_PASS names no test is refused: any run would be resolved); status
+`verifier_error` when test_patch does not apply, the tests time out, or nothing
 ran because a program or module is missing (named); `agent_error` when the box does not start.
 
 `write_swe_mini(out, count)` (`keelrl tasks swe-mini OUT`) writes swe_mini's generated repositories as real git
@@ -98,7 +99,15 @@ class Instance(BaseModel):
     @classmethod
     def _listed(cls, v: Any) -> Any:
         if isinstance(v, str):
-            return json.loads(v) if v.strip().startswith("[") else [v]
+            v = json.loads(v) if v.strip().startswith("[") else [v]
+        # a blank entry names nothing (a published "" is no test, not a test that never passes)
+        return [x for x in v if not (isinstance(x, str) and not x.strip())] if isinstance(v, list) else v
+
+    @field_validator("FAIL_TO_PASS")
+    @classmethod
+    def _some_test_must_fail_first(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("names no test: with none to fix, a run that changes nothing would be resolved")
         return v
 
     @model_validator(mode="after")
