@@ -398,8 +398,8 @@ def _summarize(
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     summary = {
         "seed": seed,
-        **accuracy_fields(base, "base_"),
-        **accuracy_fields(final, "final_"),
+        **accuracy_fields(b, "base_"),
+        **accuracy_fields(f, "final_"),
         "accuracy_change": diff["diff"],
         "accuracy_change_ci95": diff["ci"],
         "verdict": diff["verdict"],
@@ -425,9 +425,10 @@ def _summarize(
     return summary
 
 
-def accuracy_fields(report: Any, prefix: str = "") -> dict[str, Any]:
-    """An eval report's accuracy and its 95% interval, as `{prefix}accuracy` and `{prefix}accuracy_ci95`."""
-    m = report.summary()["metrics"]["accuracy"]
+def accuracy_fields(summary: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """An eval report's summary's accuracy and its 95% interval, as `{prefix}accuracy` and
+    `{prefix}accuracy_ci95`."""
+    m = summary["metrics"]["accuracy"]
     return {f"{prefix}accuracy": m["value"], f"{prefix}accuracy_ci95": m["ci95"]}
 
 

@@ -152,7 +152,7 @@ def pretrain_search_model(
 def _eval_summary(report: Any) -> dict[str, Any]:
     from keelrl.evals.run import behaviour_means
 
-    return {**accuracy_fields(report), **behaviour_means(report.records)}
+    return {**accuracy_fields(report.summary()), **behaviour_means(report.records)}
 
 
 def run_search_demo(

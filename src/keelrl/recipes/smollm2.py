@@ -372,18 +372,19 @@ def run_smollm2(
     families = by_family(base, final, track.family)
     overall = compare_results(base, final)["metrics"]["accuracy"]
     rl_only = compare_results(sft, final)["metrics"]["accuracy"]
+    stages = {"base": base.summary(), "sft": sft.summary(), "rl": final.summary()}  # each bootstrapped once
     summary = {
         "task": task,
         "seed": seed,
-        **accuracy_fields(base, "base_"),
-        **accuracy_fields(sft, "before_rl_"),
-        **accuracy_fields(final, "final_"),
+        **accuracy_fields(stages["base"], "base_"),
+        **accuracy_fields(stages["sft"], "before_rl_"),
+        **accuracy_fields(stages["rl"], "final_"),
         "accuracy_change": overall["diff"],
         "accuracy_change_ci95": overall["ci"],
         "verdict": overall["verdict"],
         "rl_change": rl_only["diff"],
         "rl_change_ci95": rl_only["ci"],
-        "stage_accuracy": {"base": accuracy(base), "sft": accuracy(sft), "rl": accuracy(final)},
+        "stage_accuracy": {k: float(m["metrics"]["accuracy"]["value"]) for k, m in stages.items()},
         "by_family": families,
         "families_lost": family_losses(families),
         "by_family_sft": by_family(base, sft, track.family),
@@ -400,10 +401,6 @@ def run_smollm2(
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(console, summary, out, track.title)
     return summary
-
-
-def accuracy(report: Any) -> float:
-    return float(report.summary()["metrics"]["accuracy"]["value"])
 
 
 def print_summary(console: Any, s: dict[str, Any], out: Path, title: str) -> None:
